@@ -1,0 +1,4 @@
+from gpt_lit.cli import main
+
+if __name__ == "__main__":
+    main()

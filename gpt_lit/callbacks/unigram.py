@@ -1,0 +1,51 @@
+"""The unigram-entropy floor: the loss of a model that ignores context and predicts token frequencies."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+
+def unigram_entropy(ids: torch.Tensor) -> float:
+    """Entropy, in nats, of the token frequencies in ``ids``: -sum p log p over the tokens that occur."""
+    counts = torch.bincount(ids.flatten())
+    p = counts[counts > 0].double() / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+class UnigramBaseline(Callback):
+    def __init__(self, chart: bool = True):
+        """Log ``loss/unigram_baseline`` (the book's unigram entropy) on every logging step, a flat line.
+
+        Computed once from the data module's tokens of the whole book (6.35 nats; the chapter prints 6.346).
+
+        Args:
+            chart: Add a TensorBoard custom-scalars layout that draws the whole-set training and
+                validation losses and this floor on one chart ("Custom Scalars" tab), like the chapter's
+                figure.
+        """
+        self.chart = chart
+        self.value: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.value = unigram_entropy(trainer.datamodule.book_ids)
+        if self.chart and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    logger.experiment.add_custom_scalars(
+                        {
+                            "The chapter's figure": {
+                                "loss (whole sets, per epoch) and the unigram floor": [
+                                    "Multiline",
+                                    ["loss/train", "loss/val", "loss/unigram_baseline"],
+                                ],
+                                "training loss per step": ["Multiline", ["loss/train_step", "loss/unigram_baseline"]],
+                            }
+                        }
+                    )
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if trainer._logger_connector.should_update_logs:
+            pl_module.log("loss/unigram_baseline", self.value, rank_zero_only=True)

@@ -1,0 +1,234 @@
+"""The Time Machine as a LightningDataModule: find (or download) the book, tokenize, cut into windows."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from gpt_lit.errors import GptLitError
+from gpt_lit.tokenizer import get_tokenizer
+
+BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
+BOOK_FILE = "pg35.txt"
+DATA_DIR_ENV = "GPT_LIT_DATA_DIR"
+
+
+def default_data_dir() -> str:
+    """``$GPT_LIT_DATA_DIR`` when set, else ``data`` (relative to where you run)."""
+    return os.environ.get(DATA_DIR_ENV) or "data"
+
+
+def download_book(path: Path, url: str = BOOK_URL, timeout: float = 30.0) -> None:
+    """Fetch the book into ``path`` atomically: a temporary file in the same folder, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            out.write(response.read())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def strip_gutenberg(raw: str, source: str = "the book") -> str:
+    """The text between the ``*** START OF`` and ``*** END OF`` lines, ``\\n`` line ends, blank lines trimmed."""
+    start, end = raw.find("*** START OF"), raw.find("*** END OF")
+    if start < 0 or end < 0 or end < start:
+        raise GptLitError(
+            f"{source} has no '*** START OF' / '*** END OF' lines: it is not Project Gutenberg's pg35.txt. "
+            f"Replace it with the file from {BOOK_URL}"
+        )
+    start = raw.find("\n", start) + 1  # the text begins on the line after the START line
+    text = raw[start:end].replace("\r\n", "\n").replace("\r", "\n").strip()
+    if not text:
+        raise GptLitError(f"{source} has no text between its START and END lines; replace it with {BOOK_URL}")
+    return text
+
+
+def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
+    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story."""
+    path = Path(data_dir) / BOOK_FILE
+    if not path.is_file():
+        reason = "downloading is switched off (data.download: false)"
+        if download:
+            try:
+                download_book(path)
+            except (OSError, urllib.error.URLError) as e:
+                reason = f"downloading {BOOK_URL} failed ({getattr(e, 'reason', e)})"
+        if not path.is_file():
+            raise GptLitError(
+                f"The Time Machine is not at {path} and {reason}. Download {BOOK_URL} and save it as {path}, "
+                f"or point data.data_dir (or ${DATA_DIR_ENV}) at the folder that holds {BOOK_FILE}."
+            )
+    try:
+        raw = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GptLitError(f"{path} is not UTF-8 text (byte {e.start}); replace it with {BOOK_URL}") from None
+    except OSError as e:
+        raise GptLitError(f"cannot read {path}: {e.strerror}") from None
+    if not raw.strip():
+        raise GptLitError(f"{path} is empty; delete it to download the book again, or replace it with {BOOK_URL}")
+    return strip_gutenberg(raw, source=str(path))
+
+
+class TokenWindows(Dataset):
+    """Windows of ``context_length`` tokens every ``stride`` tokens; the target is the input shifted by one."""
+
+    def __init__(self, ids: torch.Tensor, context_length: int, stride: int):
+        self.ids, self.context_length = ids, context_length
+        self.starts = list(range(0, len(ids) - context_length, stride))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.starts[i]
+        return self.ids[s : s + self.context_length], self.ids[s + 1 : s + self.context_length + 1]
+
+
+class Prompts(Dataset):
+    """Prompts for ``predict``, as token IDs, cropped to the last ``context_length`` tokens."""
+
+    def __init__(self, prompts: list[str], context_length: int):
+        enc = get_tokenizer()
+        self.texts, self.ids = [], []
+        for n, text in enumerate(prompts, 1):
+            if not text.strip():
+                raise GptLitError(f"prompt {n} is empty: give every prompt some text to continue")
+            ids = enc.encode(text, allowed_special="all")
+            if len(ids) > context_length:
+                warnings.warn(
+                    f"prompt {n} has {len(ids)} tokens, more than context_length={context_length}; "
+                    f"the model sees only its last {context_length} tokens",
+                    stacklevel=2,
+                )
+            self.texts.append(text)
+            self.ids.append(torch.tensor(ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.ids[i]
+
+
+class TimeMachineData(L.LightningDataModule):
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        tokenizer: str = "gpt2",
+        download: bool = True,
+        context_length: int = 128,
+        stride: int = 128,
+        train_fraction: float = 0.9,
+        batch_size: int = 16,
+        eval_batch_size: int = 64,
+        eval_train: bool = True,
+        seed: int = 123,
+        num_workers: int = 0,
+        prompts: list[str] | None = None,
+        prompts_file: str | None = None,
+    ):
+        """H. G. Wells' The Time Machine (Project Gutenberg eBook #35), tokenized with GPT-2's BPE.
+
+        Args:
+            data_dir: Folder holding pg35.txt exactly as Gutenberg serves it. Default: $GPT_LIT_DATA_DIR
+                when set, else ``data``. Missing file: downloaded there from gutenberg.org.
+            tokenizer: The BPE tokenizer; only GPT-2's ("gpt2") ships. Its vocabulary size becomes
+                model.config.vocab_size (linked).
+            download: Download the book when it is not in data_dir.
+            context_length: Tokens per training window; also the model's context_length (linked).
+            stride: Tokens between the starts of consecutive windows (= context_length: no overlap).
+            train_fraction: Fraction of the book's characters, from the start, used for training; the
+                rest is the validation (and test) set.
+            batch_size: Training windows per step.
+            eval_batch_size: Windows per batch when evaluating the whole training and validation sets.
+            eval_train: Also evaluate the whole training set (without dropout) after every epoch, as the
+                chapter's figure does; logged as loss/train.
+            seed: Seed of the training shuffle; epoch e uses seed + e, so resumed runs see the same order.
+            num_workers: DataLoader worker processes (0: load in the main process; the data is tiny).
+            prompts: Texts for ``predict`` to continue.
+            prompts_file: A text file of prompts for ``predict``, one per line (blank lines skipped).
+        """
+        super().__init__()
+        if context_length <= 0 or stride <= 0 or batch_size <= 0 or eval_batch_size <= 0:
+            raise GptLitError("data.context_length, data.stride, data.batch_size and data.eval_batch_size must be positive")
+        if not 0.0 < train_fraction < 1.0:
+            raise GptLitError(f"data.train_fraction must be between 0 and 1, got {train_fraction}")
+        self.data_dir = data_dir or default_data_dir()
+        self.download = download
+        self.context_length, self.stride, self.train_fraction = context_length, stride, train_fraction
+        self.batch_size, self.eval_batch_size, self.eval_train = batch_size, eval_batch_size, eval_train
+        self.seed, self.num_workers = seed, num_workers
+        self.prompts, self.prompts_file = list(prompts or []), prompts_file
+        self.tokenizer = get_tokenizer(tokenizer)
+        self.book_ids: torch.Tensor | None = None  # the whole story's tokens (for the unigram baseline)
+        self.train_set: TokenWindows | None = None
+        self.val_set: TokenWindows | None = None
+
+    def prepare_data(self) -> None:
+        if self.trainer is None or self.trainer.state.fn != "predict":
+            load_book(self.data_dir, self.download)  # downloads once, on one process
+
+    def setup(self, stage: str) -> None:
+        if stage == "predict":
+            return
+        if self.train_set is not None:
+            return
+        text = load_book(self.data_dir, self.download)
+        split = int(self.train_fraction * len(text))
+        encode = lambda s: torch.tensor(self.tokenizer.encode(s), dtype=torch.long)  # noqa: E731
+        self.book_ids = encode(text)
+        self.train_set = TokenWindows(encode(text[:split]), self.context_length, self.stride)
+        self.val_set = TokenWindows(encode(text[split:]), self.context_length, self.stride)
+        for name, ds in (("training", self.train_set), ("validation", self.val_set)):
+            if len(ds) == 0:
+                raise GptLitError(
+                    f"the book's {name} part has {len(ds.ids)} tokens, too few for one window of "
+                    f"context_length+1={self.context_length + 1}: use a smaller data.context_length or the full book"
+                )
+        if len(self.train_set) < self.batch_size:
+            raise GptLitError(
+                f"{len(self.train_set)} training windows make no full batch of data.batch_size={self.batch_size}; "
+                f"lower data.batch_size"
+            )
+
+    def _loader(self, ds: Dataset, batch_size: int, **kw) -> DataLoader:
+        return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, **kw)
+
+    def train_dataloader(self) -> DataLoader:
+        # A DistributedSampler (one replica when not distributed) shuffles by seed + epoch, so every epoch's
+        # order is fixed by the seed alone: a resumed run continues with the same order.
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        sampler = DistributedSampler(self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed)
+        return self._loader(self.train_set, self.batch_size, sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        loaders = [self._loader(self.val_set, self.eval_batch_size)]
+        if self.eval_train:
+            loaders.append(self._loader(self.train_set, self.eval_batch_size))
+        return loaders
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, self.eval_batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        prompts = list(self.prompts)
+        if self.prompts_file:
+            try:
+                lines = Path(self.prompts_file).read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as e:
+                raise GptLitError(f"cannot read data.prompts_file {self.prompts_file}: {e}") from None
+            prompts += [line for line in lines if line.strip()]
+        if not prompts:
+            raise GptLitError("predict needs prompts: set data.prompts in the config or data.prompts_file")
+        return self._loader(Prompts(prompts, self.context_length), 1)

