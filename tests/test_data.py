@@ -1,0 +1,104 @@
+"""The Time Machine, found or downloaded, stripped of Gutenberg's header and licence, cut into windows."""
+
+import threading
+from functools import partial
+from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+import pytest
+import torch
+
+from gpt_lit import data as data_mod
+from gpt_lit.data import TimeMachineData, load_book
+from gpt_lit.errors import GptLitError
+
+
+@pytest.fixture(scope="module")
+def dm():
+    dm = TimeMachineData()  # data_dir from $GPT_LIT_DATA_DIR, as in CI
+    dm.setup("fit")
+    return dm
+
+
+def test_book_is_stripped_and_normalised(book_path):
+    text = load_book(book_path.parent)
+    assert text.startswith("The Time Machine\n\nAn Invention\n\nby H. G. Wells")
+    assert text.endswith("still lived on in the heart of man.")
+    assert "\r" not in text and "Gutenberg" not in text[-2000:] and "*** START" not in text
+    assert len(text) == 179_692
+
+
+def test_the_chapters_windows(dm):
+    assert len(dm.book_ids) == 45_260
+    assert len(dm.train_set) == 316 and len(dm.val_set) == 37
+    assert len(dm.train_dataloader()) == 19  # 316 // 16, drop_last
+    x, y = dm.train_set[5]
+    assert x.shape == y.shape == (128,)
+    assert torch.equal(x[1:], y[:-1])  # targets are the inputs shifted by one token
+    assert torch.equal(dm.train_set[1][0][:1], dm.train_set.ids[128:129])  # stride 128
+
+
+def test_training_order_is_seeded_and_changes_each_epoch(dm):
+    def first_batch(epoch):
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        return next(iter(loader))[0]
+
+    assert torch.equal(first_batch(0), first_batch(0))
+    assert not torch.equal(first_batch(0), first_batch(1))
+    val = [x for x, _ in dm.val_dataloader()[0]]
+    assert torch.equal(torch.cat(val), torch.stack([dm.val_set[i][0] for i in range(37)]))  # in order
+
+
+def test_env_var_is_the_default_and_yaml_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPT_LIT_DATA_DIR", str(tmp_path / "env"))
+    assert TimeMachineData().data_dir == str(tmp_path / "env")
+    assert TimeMachineData(data_dir="elsewhere").data_dir == "elsewhere"
+    monkeypatch.delenv("GPT_LIT_DATA_DIR")
+    assert TimeMachineData().data_dir == "data"
+
+
+def test_missing_book_is_downloaded_atomically(tmp_path, book_path, monkeypatch):
+    # A local HTTP server stands in for gutenberg.org.
+    serve = tmp_path / "site"
+    serve.mkdir()
+    (serve / "pg35.txt").write_bytes(book_path.read_bytes())
+    server = HTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(serve)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/pg35.txt"
+        monkeypatch.setattr(data_mod, "BOOK_URL", url)
+        target = tmp_path / "data"
+        assert len(load_book(target)) == 179_692
+        assert (target / "pg35.txt").read_bytes() == book_path.read_bytes()
+        assert [p.name for p in target.iterdir()] == ["pg35.txt"]  # no temporary file left behind
+    finally:
+        server.shutdown()
+
+
+def test_no_file_and_no_network_says_where_to_put_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_mod, "BOOK_URL", "http://127.0.0.1:9/pg35.txt")  # nothing listens there
+    with pytest.raises(GptLitError, match=r"not at .*pg35\.txt.*GPT_LIT_DATA_DIR"):
+        load_book(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(GptLitError, match="switched off"):
+        load_book(tmp_path, download=False)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "empty"),
+        (b"\xff\xfe\x00bad", "not UTF-8"),
+        (b"just some text\r\nwithout markers\r\n", "START OF"),
+    ],
+)
+def test_malformed_book(tmp_path, content, message):
+    (tmp_path / "pg35.txt").write_bytes(content)
+    with pytest.raises(GptLitError, match=message):
+        load_book(tmp_path)
+
+
+def test_book_too_short_for_one_window(tmp_path):
+    (tmp_path / "pg35.txt").write_text("*** START OF X ***\r\nA few words only.\r\n*** END OF X ***\r\n")
+    with pytest.raises(GptLitError, match="too few for one window"):
+        TimeMachineData(data_dir=str(tmp_path)).setup("fit")

@@ -1,0 +1,211 @@
+"""The chapter's model, checked against the numbers printed in the chapter."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt_lit.model import GELU, GPT, Block, CausalSelfAttention, FeedForward, GPTConfig, LayerNorm, count_params, generate
+from gpt_lit.tokenizer import get_tokenizer
+
+
+@pytest.fixture(scope="module")
+def gpt2_seed123() -> GPT:
+    torch.manual_seed(123)
+    return GPT(GPTConfig())
+
+
+def test_layer_norm_on_four_numbers():
+    x = torch.tensor([[2.0, 4.0, 6.0, 8.0], [1.0, 1.0, 1.0, 50.0]])
+    out = LayerNorm(4)(x)
+    book = torch.tensor([[-1.3416, -0.4472, 0.4472, 1.3416], [-0.5774, -0.5774, -0.5774, 1.7321]])
+    assert torch.allclose(out, book, atol=5e-5)
+    assert torch.allclose(out, F.layer_norm(x, (4,), eps=1e-5))
+    # The chapter's written-out formula, with the biased variance.
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+    assert torch.allclose(out, (x - mean) / torch.sqrt(var + 1e-5), atol=1e-6)
+    assert torch.allclose(out.mean(-1), torch.zeros(2), atol=1e-6)
+
+
+def test_gelu_table():
+    x = torch.tensor([-3, -2, -1, -0.5, -0.1, 0, 0.5, 1, 2, 3])
+    book_relu = [0, 0, 0, 0, 0, 0, 0.5, 1, 2, 3]
+    book_gelu = [-0.0036, -0.0454, -0.1588, -0.1543, -0.0460, 0, 0.3457, 0.8412, 1.9546, 2.9964]
+    out = GELU()(x)
+    assert torch.allclose(out, torch.tensor(book_gelu), atol=5e-5)
+    assert torch.equal(torch.relu(x), torch.tensor(book_relu, dtype=torch.float))
+    assert torch.allclose(out, F.gelu(x, approximate="tanh"))
+    c = (2.0 / torch.pi) ** 0.5  # the chapter's written-out tanh form
+    assert torch.allclose(out, 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x**3))), atol=1e-6)
+    # "dipping to about -0.17 near x = -0.75"
+    grid = torch.linspace(-3, 3, 601)
+    y = GELU()(grid)
+    assert round(y.min().item(), 2) == -0.17 and abs(grid[y.argmin()].item() + 0.75) < 0.02
+
+
+def sizes(module: nn.Module) -> int:
+    return count_params(module)
+
+
+def test_parameter_table():
+    cfg = GPTConfig()
+    block = Block(cfg)
+    assert sizes(FeedForward(cfg)) == 4_722_432
+    assert sizes(CausalSelfAttention(768, 12, 1024, 0.1, True)) == 2_362_368
+    assert sizes(block.norm1) + sizes(block.norm2) == 3_072
+    assert sizes(block.attn.qkv) == 1_771_776 and sizes(block.attn.proj) == 590_592
+    assert sizes(block.ffn.fc) == 2_362_368 and sizes(block.ffn.proj) == 2_360_064
+    assert sizes(block) == 7_087_872
+    model = GPT(cfg)
+    assert sizes(model.tok_emb) == 38_597_376 and sizes(model.pos_emb) == 786_432
+    assert sizes(model.blocks) == 85_054_464
+    assert sizes(model.final_norm) == 1_536 and sizes(model.head) == 38_597_376
+    assert count_params(model) == 163_037_184
+    tied = GPT(GPTConfig(tie_weights=True))
+    assert tied.head.weight is tied.tok_emb.weight
+    assert count_params(tied) == 124_439_808
+    assert count_params(tied) * 4 == 497_759_232  # "just under 500 MB" of fp32
+    # FeedForward is two-thirds of a block
+    assert round(sizes(block.ffn) / sizes(block), 2) == 0.67
+
+
+def test_init_is_gpt2_scale(gpt2_seed123):
+    for m in gpt2_seed123.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            assert abs(m.weight.std().item() - 0.02) < 2e-3
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            assert torch.count_nonzero(m.bias) == 0
+
+
+def test_the_chapters_batch(gpt2_seed123):
+    enc = get_tokenizer()
+    batch = torch.tensor([enc.encode("The cat sat on"), enc.encode("A small model learns")])
+    assert batch.tolist() == [[464, 3797, 3332, 319], [32, 1402, 2746, 22974]]
+    gpt2_seed123.eval()
+    with torch.no_grad():
+        logits = gpt2_seed123(batch)
+    assert logits.shape == torch.Size([2, 4, 50257])
+    # "For 'The cat sat on', the most likely next token gets a probability of 0.000166 ...
+    #  and the entropy of the whole distribution is 10.67 nats", against ln 50,257 = 10.82.
+    p = logits[0, -1].softmax(-1)
+    assert round(p.max().item(), 6) == 0.000166
+    assert round(-(p * p.log()).sum().item(), 2) == 10.67
+    assert round(math.log(50257), 2) == 10.82 and round(1 / 50257, 7) == 0.0000199
+
+
+def test_untrained_model_writes_the_chapters_gibberish(gpt2_seed123):
+    enc = get_tokenizer()
+    book = {
+        "The Time Traveller": "The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton Richard doubt",
+        "Attention is": "Attention is retrospective programmer programmer programmer programmerLinkedIn programmer"
+        " programmer regress programmer programmer programmer",
+    }
+    for prompt, expected in book.items():
+        out = generate(gpt2_seed123, torch.tensor([enc.encode(prompt)]), max_new_tokens=12)
+        assert out.shape == (1, len(enc.encode(prompt)) + 12)
+        assert enc.decode(out[0].tolist()) == expected
+
+
+def test_causal_mask_later_tokens_never_change_earlier_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(emb_dim=64, n_layers=2, n_heads=4, context_length=16)).eval()
+    a = torch.randint(0, 50257, (1, 16))
+    b = a.clone()
+    b[0, 10:] = torch.randint(0, 50257, (6,))
+    with torch.no_grad():
+        la, lb = model(a), model(b)
+    assert torch.equal(la[0, :10], lb[0, :10])
+    assert not torch.allclose(la[0, 10:], lb[0, 10:])
+
+
+def written_out_attention(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """Chapter 3's attention step by step: scores, causal mask, softmax, weighted sum, projection."""
+    B, T, C = x.shape
+    q, k, v = attn.qkv(x).split(C, dim=-1)
+    q, k, v = (t.view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, n_heads, T, T)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    weights = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    return attn.proj((weights @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_sdpa_matches_written_out_attention():
+    torch.manual_seed(1)
+    attn = CausalSelfAttention(64, 4, 32, dropout=0.1, qkv_bias=True).eval()
+    for p in attn.parameters():  # non-trivial biases too
+        nn.init.normal_(p, std=0.2)
+    x = torch.randn(3, 32, 64)
+    with torch.no_grad():
+        assert torch.allclose(attn(x), written_out_attention(attn, x), atol=1e-5)
+
+
+def test_qkv_layout_is_gpt2s():
+    """q, k, v are three consecutive emb_dim slices of the fused output; heads are consecutive head_dim slices."""
+    attn = CausalSelfAttention(8, 2, 4, 0.0).eval()
+    assert attn.qkv.weight.shape == (24, 8) and attn.qkv.bias is not None
+    with torch.no_grad():
+        attn.qkv.weight.zero_()
+        attn.qkv.bias.zero_()
+        attn.qkv.bias[16:24] = torch.arange(8.0)  # v = [0..7]: head 0 gets 0..3, head 1 gets 4..7
+        attn.proj.weight.copy_(torch.eye(8))
+        attn.proj.bias.zero_()
+        y = attn(torch.randn(1, 3, 8))
+    assert torch.allclose(y, torch.arange(8.0).expand(1, 3, 8))
+
+
+def test_residual_switch():
+    x = torch.randn(2, 8, 32)
+    torch.manual_seed(0)
+    with_res = Block(GPTConfig(emb_dim=32, n_heads=2, context_length=8, dropout=0.0)).eval()
+    torch.manual_seed(0)
+    without = Block(GPTConfig(emb_dim=32, n_heads=2, context_length=8, dropout=0.0, residual=False)).eval()
+    with torch.no_grad():
+        h = without.attn(without.norm1(x))
+        assert torch.allclose(without(x), without.ffn(without.norm2(h)))
+        h = x + with_res.attn(with_res.norm1(x))
+        assert torch.allclose(with_res(x), h + with_res.ffn(with_res.norm2(h)))
+
+
+def test_module_order_follows_the_chapter():
+    names = [n for n, _ in GPT(GPTConfig(emb_dim=32, n_heads=2, n_layers=1, context_length=8)).named_modules()]
+    expected = ["tok_emb", "pos_emb", "drop", "blocks", "blocks.0", "blocks.0.norm1", "blocks.0.attn",
+                "blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.norm2", "blocks.0.ffn", "blocks.0.ffn.fc",
+                "blocks.0.ffn.act", "blocks.0.ffn.proj", "blocks.0.drop", "final_norm", "head"]  # fmt: skip
+    assert names[1:] == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"emb_dim": 100, "n_heads": 12}, "n_heads"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"n_layers": 0}, "n_layers"),
+        ({"context_length": -5}, "context_length"),
+        ({"vocab_size": 0}, "vocab_size"),
+    ],
+)
+def test_bad_config_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        GPTConfig(**kwargs)
+
+
+def test_too_long_sequence_is_a_clear_error():
+    model = GPT(GPTConfig(emb_dim=32, n_heads=2, n_layers=1, context_length=8))
+    with pytest.raises(ValueError, match="longer than context_length=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    # generate crops to the last context_length tokens instead, as the chapter's does
+    assert generate(model, torch.zeros(1, 20, dtype=torch.long), 3).shape == (1, 23)
+
+
+def test_sampling_with_temperature_and_top_k():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, emb_dim=32, n_heads=2, n_layers=1, context_length=8))
+    idx = torch.zeros(4, 2, dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    out = generate(model, idx, 5, temperature=1.0, top_k=1, generator=g)
+    assert torch.equal(out, generate(model, idx, 5))  # top_k=1 sampling is greedy
+    out = generate(model, idx, 5, temperature=2.0, top_k=10, generator=g)
+    assert out.shape == (4, 7) and out.max() < 50
