@@ -7,7 +7,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt_lit.model import GELU, GPT, Block, CausalSelfAttention, FeedForward, GPTConfig, LayerNorm, count_params, generate
+from gpt_lit.model import (
+    GELU,
+    GPT,
+    Block,
+    CausalSelfAttention,
+    FeedForward,
+    GPTConfig,
+    LayerNorm,
+    count_params,
+    generate,
+)
 from gpt_lit.tokenizer import get_tokenizer
 
 
@@ -98,7 +108,8 @@ def test_the_chapters_batch(gpt2_seed123):
 def test_untrained_model_writes_the_chapters_gibberish(gpt2_seed123):
     enc = get_tokenizer()
     book = {
-        "The Time Traveller": "The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton Richard doubt",
+        "The Time Traveller": "The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton"
+        " Richard doubt",
         "Attention is": "Attention is retrospective programmer programmer programmer programmerLinkedIn programmer"
         " programmer regress programmer programmer programmer",
     }
