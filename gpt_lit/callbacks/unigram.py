@@ -46,6 +46,10 @@ class UnigramBaseline(Callback):
                         }
                     )
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.logger is not None:  # step 0, so the line is drawn even in runs shorter than one logging step
+            trainer.logger.log_metrics({"loss/unigram_baseline": self.value}, step=trainer.global_step)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if trainer._logger_connector.should_update_logs:
             pl_module.log("loss/unigram_baseline", self.value, rank_zero_only=True)
