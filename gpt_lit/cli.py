@@ -1,23 +1,189 @@
-"""``python -m gpt_lit {fit,validate,test,predict}``: LightningCLI over GPTLightning and TimeMachineData."""
+"""``python -m gpt_lit {fit,validate,test,predict}``: LightningCLI over GPTLightning and TimeMachineData.
+
+Every mistake a user can fix ends the same way: one line on stderr starting with ``error:``, exit code 2,
+no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``interrupted.ckpt`` and prints how to resume.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
 
-from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from gpt_lit.callbacks.finite_loss import FiniteLoss
+from gpt_lit.callbacks.interrupt import InterruptCheckpoint
+from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import vocab_size
 
+# ckpt_path values Lightning resolves itself rather than reading a file
+LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
+# where each GPTConfig field is set on the command line (two come from the data module, linked)
+CONFIG_KEYS = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
+
+
+def one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def fail(message: object) -> NoReturn:
+    """Print ``error: <message>`` as one line on stderr (once, from process 0) and exit with status 2."""
+    if rank_zero_only.rank == 0:
+        print(f"error: {one_line(message)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def short_type_error(message: str) -> str:
+    """jsonargparse's "Parser key "k": ... <class 'int'> ... Given value: x" as "k: expected int, got 'x'"."""
+    key = re.match(r'Parser key "([^"]+)":', message)
+    value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message, re.S)
+    expected = message.split("Given value type")[0]  # not the type of what was given
+    types = list(dict.fromkeys(re.findall(r"<class '(\w+)'>", expected)))
+    if not (key and value and types) or not set(types) <= {"int", "float", "str", "bool", "NoneType"}:
+        return message
+    names = " or ".join("null" if t == "NoneType" else t for t in types)
+    return f"{key[1]}: expected {names}, got {value[1]!r}"
+
+
+class GPTLitParser(LightningArgumentParser):
+    """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
+            super().error(message, ex)
+        fail(f"{short_type_error(one_line(message))} (--help lists the options)")
+
+
+def _config_fields(config: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """The checkpoint at ``path`` (memory-mapped, so cheap); a GptLitError when it is missing or unreadable."""
+    file = Path(path)
+    if not file.exists():
+        raise GptLitError(f"checkpoint {path} does not exist")
+    if not file.is_file():
+        raise GptLitError(f"checkpoint {path} is a directory, not a .ckpt file")
+    try:
+        ckpt = torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # a truncated zip, a text file, a pickle of something else: all unreadable here
+        reason = one_line(e).split(". ")[0] or type(e).__name__
+        raise GptLitError(f"{path} is not a readable checkpoint: truncated, or not a PyTorch file ({reason})") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise GptLitError(f"{path} is a PyTorch file but not a Lightning checkpoint (it has no state_dict)")
+    return ckpt
+
+
+def check_architecture(path: str, ckpt: dict[str, Any], model: LightningModule) -> None:
+    """Raise a GptLitError naming the differing GPTConfig fields and tensor shapes, if there are any."""
+    # Which GPTConfig fields differ (dropout does not change the architecture), then which tensors.
+    theirs = _config_fields((ckpt.get("hyper_parameters") or {}).get("config"))
+    ours = _config_fields(model.hparams.get("config"))
+    details = [
+        f"{CONFIG_KEYS.get(k, f'model.config.{k}')} is {theirs[k]!r} in the checkpoint but {ours[k]!r} here"
+        for k in ours
+        if k in theirs and k != "dropout" and theirs[k] != ours[k]
+    ]
+    saved, wanted = ckpt["state_dict"], model.state_dict()
+    shapes = [
+        f"{k} {list(saved[k].shape)} vs {list(v.shape)}"
+        for k, v in wanted.items()
+        if k in saved and saved[k].shape != v.shape
+    ]
+    missing = [k for k in wanted if k not in saved]
+    unexpected = [k for k in saved if k not in wanted]
+    if shapes:
+        details.append("shapes differ: " + ", ".join(shapes[:3]) + (", ..." if len(shapes) > 3 else ""))
+    if missing:
+        details.append(f"{len(missing)} tensors missing from the checkpoint (e.g. {missing[0]})")
+    if unexpected:
+        details.append(f"{len(unexpected)} tensors the model does not have (e.g. {unexpected[0]})")
+    if not details:
+        return
+    run_config = Path(path).parent.parent / "config.yaml"  # <run>/checkpoints/last.ckpt -> <run>/config.yaml
+    hint = f"; use the run's own config: --config {run_config}" if run_config.is_file() else ""
+    raise GptLitError(f"checkpoint {path} is of a different architecture than the config: {'; '.join(details)}{hint}")
+
+
+def check_writable(trainer: Trainer) -> None:
+    """Raise a GptLitError unless the folder the logs and checkpoints go to can be written."""
+    folders = [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]
+    for folder in folders:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise GptLitError(
+                f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "
+                f"--trainer.logger.init_args.save_dir (or --trainer.default_root_dir without a logger)"
+            ) from None
+
 
 class GPTLitCLI(LightningCLI):
-    def add_arguments_to_parser(self, parser) -> None:
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The model's position table and vocabulary come from the data, so the two can never disagree.
         parser.link_arguments("data.context_length", "model.config.context_length")
         parser.link_arguments("data.tokenizer", "model.config.vocab_size", compute_fn=vocab_size)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning's version loads the checkpoint's hyperparameters over the parsed config, which silently
+        # overrides --model.* options (max_new_tokens, temperature, the architecture). Here the config decides;
+        # the checkpoint is only read, so a missing or broken file fails now, and one that does not fit the
+        # configured model fails in before_<subcommand>.
+        self.checkpoint: dict[str, Any] | None = None
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
+            self.checkpoint = read_checkpoint(path)
+
+    def _check_inputs(self) -> None:
+        if self.checkpoint is not None:
+            check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
+            self.checkpoint = None  # Lightning loads it again itself
+        check_writable(self.trainer)
+
+    before_fit = before_validate = before_test = before_predict = _check_inputs
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit as e:  # Lightning ends Ctrl-C with sys.exit(1) and SIGTERM with a SIGTERMException
+            if self.trainer.state.status != TrainerStatus.INTERRUPTED:
+                raise
+            by = "SIGTERM" if isinstance(e, SIGTERMException) else "Ctrl-C"
+            if rank_zero_only.rank == 0:
+                print(f"error: {subcommand} stopped by {by}{self._how_to_resume()}", file=sys.stderr)
+            sys.exit(143 if by == "SIGTERM" else 130)
+
+    def _how_to_resume(self) -> str:
+        saved = [cb.saved_path for cb in self.trainer.callbacks if isinstance(cb, InterruptCheckpoint)]
+        saved = [path for path in saved if path]
+        if not saved:
+            return ""
+        config = os.path.join(self.trainer.log_dir or "", "config.yaml")
+        command = "python -m gpt_lit fit" + (f" --config {config}" if os.path.isfile(config) else " <same arguments>")
+        command += f" --ckpt_path {saved[0]}"
+        if isinstance(self.trainer.logger, TensorBoardLogger):  # continue in the same TensorBoard run
+            command += f" --trainer.logger.init_args.version {self.trainer.logger.version}"
+        return f"; resume with: {command}"
 
 
 def main(args: list[str] | None = None) -> None:
@@ -26,12 +192,18 @@ def main(args: list[str] | None = None) -> None:
             GPTLightning,
             TimeMachineData,
             args=args,
+            parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
+            # Always on, whatever the config: stop at a NaN loss, save on Ctrl-C/SIGTERM, exact resumes.
+            trainer_defaults={"callbacks": [FiniteLoss(), InterruptCheckpoint(), RNGState()]},
             parser_kwargs={"description": "Train, evaluate and run the GPT of 'The transformer block'."},
         )
     except (GptLitError, MisconfigurationException, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)
+    except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
+        if rank_zero_only.rank == 0:
+            print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
         reason = "downloading is switched off (data.download: false)"
         if download:
             try:
-                download_book(path)
+                download_book(path, BOOK_URL)
             except (OSError, urllib.error.URLError) as e:
                 reason = f"downloading {BOOK_URL} failed ({getattr(e, 'reason', e)})"
         if not path.is_file():
@@ -93,6 +93,25 @@ class TokenWindows(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.starts[i]
         return self.ids[s : s + self.context_length], self.ids[s + 1 : s + self.context_length + 1]
+
+
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler (each epoch's order fixed by seed + epoch) that can start one epoch part-way.
+
+    ``skip=(epoch, n)`` drops the first ``n`` indices of this process's share in that epoch: the windows a
+    run saved mid-epoch (by Ctrl-C or SIGTERM) had already trained on. Lightning keeps counting the epoch's
+    batches from where the checkpoint left off, so the epoch ends where it would have.
+    """
+
+    def __init__(self, *args, skip: tuple[int, int] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.skip = skip
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        if self.skip is not None and self.skip[0] == self.epoch:
+            indices, self.skip = indices[self.skip[1] :], None
+        return iter(indices)
 
 
 class Prompts(Dataset):
@@ -161,7 +180,9 @@ class TimeMachineData(L.LightningDataModule):
         """
         super().__init__()
         if context_length <= 0 or stride <= 0 or batch_size <= 0 or eval_batch_size <= 0:
-            raise GptLitError("data.context_length, data.stride, data.batch_size and data.eval_batch_size must be positive")
+            raise GptLitError(
+                "data.context_length, data.stride, data.batch_size and data.eval_batch_size must be positive"
+            )
         if not 0.0 < train_fraction < 1.0:
             raise GptLitError(f"data.train_fraction must be between 0 and 1, got {train_fraction}")
         self.data_dir = data_dir or default_data_dir()
@@ -174,6 +195,7 @@ class TimeMachineData(L.LightningDataModule):
         self.book_ids: torch.Tensor | None = None  # the whole story's tokens (for the unigram baseline)
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
+        self.resume_at: tuple[int, int] | None = None  # (epoch, training batches done) of a mid-epoch checkpoint
 
     def prepare_data(self) -> None:
         if self.trainer is None or self.trainer.state.fn != "predict":
@@ -193,8 +215,9 @@ class TimeMachineData(L.LightningDataModule):
         for name, ds in (("training", self.train_set), ("validation", self.val_set)):
             if len(ds) == 0:
                 raise GptLitError(
-                    f"the book's {name} part has {len(ds.ids)} tokens, too few for one window of "
-                    f"context_length+1={self.context_length + 1}: use a smaller data.context_length or the full book"
+                    f"{Path(self.data_dir) / BOOK_FILE}: its {name} part has {len(ds.ids)} tokens, too few for one "
+                    f"window of context_length+1={self.context_length + 1}: use a smaller data.context_length or the "
+                    f"full book"
                 )
         if len(self.train_set) < self.batch_size:
             raise GptLitError(
@@ -203,13 +226,34 @@ class TimeMachineData(L.LightningDataModule):
             )
 
     def _loader(self, ds: Dataset, batch_size: int, **kw) -> DataLoader:
-        return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, **kw)
+        # Its own generator, so making an iterator (it draws a seed for the workers) leaves the global one,
+        # which dropout uses, alone: a run resumed at an epoch boundary then draws the same dropout masks.
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
+
+    def state_dict(self) -> dict[str, int]:
+        """Saved in every checkpoint: how far training got into the current epoch."""
+        if self.trainer is None or self.trainer.state.fn != "fit":
+            return {}
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        return {"epoch": self.trainer.current_epoch, "batches_done": done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state:
+            self.resume_at = (state["epoch"], state["batches_done"])
+            # The training sampler skips what that epoch already trained on, so Lightning's
+            # "your dataloader is not resumable" warning for mid-epoch checkpoints does not apply.
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
 
     def train_dataloader(self) -> DataLoader:
         # A DistributedSampler (one replica when not distributed) shuffles by seed + epoch, so every epoch's
-        # order is fixed by the seed alone: a resumed run continues with the same order.
+        # order is fixed by the seed alone: a resumed run continues with the same order, and a run resumed
+        # mid-epoch skips the batches that epoch already had.
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = DistributedSampler(self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed)
+        skip = (self.resume_at[0], self.resume_at[1] * self.batch_size) if self.resume_at else None
+        sampler = ResumableSampler(
+            self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed, skip=skip
+        )
         return self._loader(self.train_set, self.batch_size, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> list[DataLoader]:

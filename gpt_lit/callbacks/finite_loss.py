@@ -1,0 +1,34 @@
+"""Stop training at the first NaN or infinite loss, before that step changes the weights."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gpt_lit.errors import GptLitError
+
+
+class FiniteLoss(Callback):
+    """Raise a ``GptLitError`` naming the step when the training loss is not finite.
+
+    Checked in ``on_before_backward``, so the bad step never reaches the optimizer and nothing is saved
+    after it: the checkpoints already on disk (``last.ckpt``, the best one) are the last good ones.
+    Under DDP the processes agree first (one all-reduce of a flag per step), so all of them stop together.
+    The GPT CLI adds this callback to every run.
+    """
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        finite = bool(torch.isfinite(loss).all())
+        if trainer.world_size > 1:
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if finite:
+            return
+        ckpt = trainer.checkpoint_callback
+        last = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""
+        kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
+        raise GptLitError(
+            f"the training loss is {loss.item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
+            f"batch {trainer.fit_loop.epoch_loop.batch_idx}); training stopped before that update and {kept}. "
+            f"Try a smaller model.lr"
+        )

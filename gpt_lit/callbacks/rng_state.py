@@ -1,0 +1,59 @@
+"""Save the random number generators in every checkpoint, so a resumed run draws the same dropout masks."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+def rng_states() -> dict[str, Any]:
+    """The global generators of Python, NumPy, torch (CPU) and, when in use, CUDA."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Put back what ``rng_states`` returned."""
+    random.setstate(states["python"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class RNGState(Callback):
+    """Store the generators' states in each checkpoint; ``fit --ckpt_path`` puts them back as training starts.
+
+    ``seed_everything`` fixes the generators only at the start of a run. Without this, a run resumed from
+    an end-of-epoch checkpoint would draw different dropout masks than the uninterrupted run; with it
+    (and the data module's seed + epoch shuffle), its losses are the same. The states are put back in
+    ``on_train_start``, after loading and the sanity check, so nothing draws from them in between.
+    The GPT CLI adds this callback to every run.
+    """
+
+    def __init__(self) -> None:
+        self.restored: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_states()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.restored = state_dict
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.restored is not None:
+            set_rng_states(self.restored)
+            self.restored = None

@@ -1,0 +1,131 @@
+"""Nothing lost: a run stopped and resumed logs the same losses as one that never stopped.
+
+Each test runs `python -m gpt_lit fit` in subprocesses with a tiny model (2 epochs of 3 steps, dropout 0.1)
+and compares what TensorBoard shows: the resumed run continues in the interrupted run's log folder.
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+RUN = [
+    "--config", str(REPO / "configs/residual.yaml"), *TINY,
+    "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]  # fmt: skip
+# Everything that depends on the weights, the data order and the dropout masks.
+COMPARED = ["loss/train_step", "loss/val", "loss/train", "grad_norm/block_1", "grad_norm/block_2"]
+
+SIGTERM_AT = '''
+import os, signal
+from lightning.pytorch.callbacks import Callback
+
+class SigtermAt(Callback):
+    """Send this process SIGTERM once training has reached `step`, as a cluster's scheduler would."""
+    def __init__(self, step: int):
+        self.step = step
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+'''
+
+
+def gpt_lit(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-m", "gpt_lit", *args], cwd=cwd, env=env, capture_output=True, text=True, **kw
+    )
+
+
+def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar TensorBoard shows for the run folder ``run`` (all its event files), as (step, value) lists."""
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def assert_same_losses(resumed: dict, uninterrupted: dict) -> None:
+    for tag in COMPARED:
+        steps = [s for s, _ in uninterrupted[tag]]
+        assert [s for s, _ in resumed[tag]] == steps, tag  # every step once: nothing lost, nothing twice
+        assert [v for _, v in resumed[tag]] == pytest.approx([v for _, v in uninterrupted[tag]], abs=1e-5), tag
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    cwd = tmp_path_factory.mktemp("uninterrupted")
+    run = gpt_lit("fit", *RUN, "--trainer.max_epochs", "2", cwd=cwd, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    logged = scalars(cwd / "lightning_logs" / "residual" / "version_0")
+    assert [s for s, _ in logged["loss/train_step"]] == [0, 1, 2, 3, 4, 5] and len(logged["loss/val"]) == 2
+    return logged
+
+
+def test_resume_from_the_end_of_an_epoch(tmp_path, uninterrupted):
+    first = gpt_lit("fit", *RUN, "--trainer.max_epochs", "1", cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "lightning_logs" / "residual" / "version_0"
+    more = ["--trainer.max_epochs", "2", "--trainer.logger.init_args.version", "0"]
+    second = gpt_lit(
+        "fit", *RUN, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *more, cwd=tmp_path, timeout=600
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_same_losses(scalars(run), uninterrupted)
+
+
+def test_sigterm_mid_epoch_saves_a_checkpoint_and_the_printed_command_resumes_exactly(tmp_path, uninterrupted):
+    (tmp_path / "sigterm_at.py").write_text(SIGTERM_AT)
+    stop = '--trainer.callbacks+={"class_path": "sigterm_at.SigtermAt", "init_args": {"step": 4}}'
+    stopped = gpt_lit("fit", *RUN, "--trainer.max_epochs", "2", stop, cwd=tmp_path, timeout=600)
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    run = Path("lightning_logs") / "residual" / "version_0"
+    ckpt = run / "checkpoints" / "interrupted.ckpt"
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"error: fit stopped by SIGTERM; resume with: python -m gpt_lit fit --config {run / 'config.yaml'} "
+        f"--ckpt_path {ckpt} --trainer.logger.init_args.version 0"
+    )
+    state = torch.load(tmp_path / ckpt, map_location="cpu", weights_only=False)
+    assert (state["epoch"], state["global_step"]) == (1, 4)  # in the middle of the second epoch
+    logged = scalars(tmp_path / run)  # the TensorBoard log up to the signal
+    assert [s for s, _ in logged["loss/train_step"]] == [0, 1, 2, 3]
+
+    command = shlex.split(stopped.stderr.strip().splitlines()[-1].split("resume with: ")[1])
+    assert command[:3] == ["python", "-m", "gpt_lit"]
+    resumed = gpt_lit(*command[3:], cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not resumable" not in resumed.stderr  # the data module resumes mid-epoch itself
+    assert_same_losses(scalars(tmp_path / run), uninterrupted)
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "gpt_lit", "fit", *RUN, "--trainer.max_epochs", "1000"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "lightning_logs" / "residual" / "version_0"
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "last.ckpt").exists():  # training is under way once epoch 0 is saved
+        assert proc.poll() is None and time.monotonic() < deadline, "fit did not get to its first checkpoint"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    ckpt = run / "checkpoints" / "interrupted.ckpt"
+    last_line = err.strip().splitlines()[-1]
+    assert last_line.startswith("error: fit stopped by Ctrl-C; resume with: python -m gpt_lit fit --config ")
+    assert f"--ckpt_path {ckpt.relative_to(tmp_path)} --trainer.logger.init_args.version 0" in last_line
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert state["global_step"] >= 3
+    assert len(scalars(run)["loss/train_step"]) >= 3  # the log was flushed
+
+    epochs = str(state["epoch"] + 1)
+    resumed = gpt_lit("fit", *RUN, "--ckpt_path", str(ckpt), "--trainer.max_epochs", epochs, cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
