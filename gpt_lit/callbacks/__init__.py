@@ -1,14 +1,20 @@
-"""The chapter's diagnostics, each its own small Callback, plus the predict writer."""
+"""The chapter's diagnostics, each its own small Callback; the predict writer; the safety nets the CLI always adds."""
 
+from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.grad_norms import BlockGradNorms
+from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.predictions import ContinuationWriter
+from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.callbacks.similarity import PositionSimilarity, mean_position_similarity
 from gpt_lit.callbacks.unigram import UnigramBaseline, unigram_entropy
 
 __all__ = [
     "BlockGradNorms",
     "ContinuationWriter",
+    "FiniteLoss",
+    "InterruptCheckpoint",
     "PositionSimilarity",
+    "RNGState",
     "UnigramBaseline",
     "mean_position_similarity",
     "unigram_entropy",
