@@ -1,0 +1,164 @@
+"""The speed options and the benchmark are correct: same numbers as the plain loop, right FLOP counts. No timings."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
+
+from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.module import GPTLightning, head_cross_entropy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench  # noqa: E402 (scripts/bench.py)
+
+TINY = GPTConfig(vocab_size=300, context_length=16, emb_dim=32, n_layers=2, n_heads=2, dropout=0.0)
+
+
+def windows(n: int = 12, cfg: GPTConfig = TINY) -> TensorDataset:
+    ids = torch.randint(0, cfg.vocab_size, (n, cfg.context_length + 1), generator=torch.Generator().manual_seed(0))
+    return TensorDataset(ids[:, :-1], ids[:, 1:])
+
+
+class LossRecorder(Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+
+
+def lightning_losses(precision: str, steps: int = 4, **options) -> tuple[list[float], GPTLightning]:
+    """Losses of ``steps`` AdamW steps (lr 0.01) on one batch of 3 windows, through the Lightning Trainer."""
+    torch.manual_seed(123)
+    module = GPTLightning(TINY, lr=0.01, **options)
+    recorder = LossRecorder()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        precision=precision,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
+    )
+    trainer.fit(module, DataLoader(windows(3), batch_size=3))
+    return recorder.losses, module
+
+
+def test_matmul_params_is_the_hand_count_and_the_models_linear_weights():
+    # per block: qkv 3*32*32 + proj 32*32 + fc 32*128 + proj 128*32 = 12*32^2 = 12288; head 300*32 = 9600
+    assert bench.matmul_params(TINY) == 2 * 12288 + 9600 == 34176
+    linear_weights = sum(m.weight.numel() for m in GPT(TINY).modules() if isinstance(m, nn.Linear))
+    assert bench.matmul_params(TINY) == linear_weights
+
+
+def test_train_flops_formula_matches_pytorchs_flop_counter():
+    # 6N + 12 L T d per token: 6*34176 + 12*2*16*32 = 217344
+    assert bench.train_flops_per_token(TINY, 16) == 217344
+    model, (x, y) = GPT(TINY), windows(4)[:]
+    # PyTorch counts every matmul, forward and backward; attention written out as matmuls (SDPA's math backend)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    assert counter.get_total_flops() == bench.train_flops_per_token(TINY, 16) * x.numel()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    assert counter.get_total_flops() == bench.eval_flops_per_token(TINY, 16) * x.numel()
+
+
+def test_head_cross_entropy_equals_linear_then_cross_entropy():
+    torch.manual_seed(0)
+    h0, w0, t = torch.randn(40, 32), torch.randn(300, 32), torch.randint(0, 300, (40,))
+    h1, w1 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    h2, w2 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    expected = F.cross_entropy(F.linear(h1, w1), t)
+    (3 * expected).backward()
+    got = head_cross_entropy(h2, w2, t)
+    (3 * got).backward()
+    assert got.item() == pytest.approx(expected.item(), abs=1e-5)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # evaluation: chunks of 7 rows, no graph
+        assert head_cross_entropy(h0, w0, t, chunk=7).item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_lightning_fp32_losses_equal_the_plain_pytorch_loop():
+    """GPTLightning with its speed options (fused loss, fused AdamW) through the Trainer gives the losses of the
+    chapter's loop written plainly: logits, F.cross_entropy, AdamW, the same seed and batch."""
+    losses, _ = lightning_losses("32-true")
+    torch.manual_seed(123)
+    model = GPT(TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    plain, (x, y) = [], windows(3)[:]
+    for _ in range(4):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        plain.append(loss.item())
+    assert len(losses) == len(plain) == 4
+    assert losses == pytest.approx(plain, abs=1e-5)
+    assert plain[-1] < plain[0]  # it trained
+
+
+def test_unfused_options_give_the_same_losses():
+    fused, _ = lightning_losses("32-true")
+    unfused, _ = lightning_losses("32-true", fused_loss=False, fused_adamw=False, keep_cpu_memory=False)
+    assert fused == pytest.approx(unfused, abs=1e-5)
+
+
+def test_bf16_mixed_trains_on_cpu_and_keeps_fp32_weights():
+    fp32, _ = lightning_losses("32-true")
+    bf16, module = lightning_losses("bf16-mixed")
+    assert all(math.isfinite(x) for x in bf16)
+    assert bf16[-1] < bf16[0]
+    assert bf16 == pytest.approx(fp32, abs=0.05)  # the same run, to bf16's precision
+    assert all(p.dtype == torch.float32 for p in module.parameters())
+
+
+def test_bench_smoke_prints_every_figure():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    figures = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    for name in (
+        "lightning_vs_bare",
+        "gpt_lit_vs_hf",
+        "mfu",
+        "eval_vs_train",
+        "bf16_vs_fp32",
+        "peak_memory_mb",
+        "chapter_train_tokens_per_s",
+        "chapter_bare_train_tokens_per_s",
+        "chapter_hf_train_tokens_per_s",
+        "chapter_eval_tokens_per_s",
+        "chapter_peak_fp32_gflops",
+        "gpt2_train_tokens_per_s",
+        "gpt2_gpt_lit_vs_hf",
+    ):
+        assert name in figures, f"{name} missing from:\n{out}"
+    values = {k: float(v) for k, v in figures.items() if k not in ("device", "precision", "compile", "keep_cpu_memory")}
+    assert all(v > 0 and math.isfinite(v) for v in values.values()), values
+    # the ratios are the ratios of the printed rates
+    ratio = values["chapter_train_tokens_per_s"] / values["chapter_bare_train_tokens_per_s"]
+    assert values["lightning_vs_bare"] == pytest.approx(ratio, rel=1e-3)
+    assert values["chapter_train_flops_per_token"] == bench.train_flops_per_token(
+        GPTConfig(vocab_size=512, context_length=16, emb_dim=32, n_layers=2, n_heads=2), 16
+    )
