@@ -8,9 +8,10 @@ and GPT-2 124M's shape at a short context, it measures training and evaluation t
   (c) ``transformers.GPT2LMHeadModel`` built from a GPT2Config of the same shape (random init, nothing
       downloaded, SDPA attention, ``F.cross_entropy`` on its logits, the same AdamW),
 and the machine's peak matmul rate (a large ``torch.mm``). The contenders are interleaved step by step: a
-callback runs one step of (b), (c) and the matmul after every Lightning step, so background load hits all alike,
-and each figure is the median over the steps after the first (warm-up). Lightning's step is timed from the end
-of the previous contender's step to the end of its batch: its loop, data fetching and hooks all count.
+callback runs one step of (b), (c) and the matmul, in rotating order, after every Lightning step, so background
+load hits all alike, and each figure is the median over the steps after the first (warm-up). Lightning's step
+is timed from the end of the previous contender's step to the end of its batch: its loop, data fetching and
+hooks all count.
 It prints one figure a line, ``name: value``.
 
 Model FLOPs utilisation, ``mfu`` = training FLOPs per token x tokens/s / measured matmul peak, with
@@ -196,8 +197,10 @@ class Interleaved(Callback):
         now = self._now()
         if self.last is not None:  # Lightning's first batch is not timed: nothing ran before it
             self.times["lightning"].append(now - self.last)
-        for name, step in self.others.items():
-            step()
+        names = list(self.others)
+        k = len(self.times["lightning"]) % len(names)  # rotate the order, so no contender always follows another
+        for name in names[k:] + names[:k]:
+            self.others[name]()
             then, now = now, self._now()
             self.times[name].append(now - then)
         self.last = now
