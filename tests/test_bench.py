@@ -162,3 +162,10 @@ def test_bench_smoke_prints_every_figure():
     assert values["chapter_train_flops_per_token"] == bench.train_flops_per_token(
         GPTConfig(vocab_size=512, context_length=16, emb_dim=32, n_layers=2, n_heads=2), 16
     )
+
+
+def test_compiled_model_gives_the_same_losses_and_checkpoint_keys():
+    eager, _ = lightning_losses("32-true", steps=3)
+    compiled, module = lightning_losses("32-true", steps=3, compile=True)
+    assert compiled == pytest.approx(eager, abs=1e-5)
+    assert "model.tok_emb.weight" in module.state_dict()  # no _orig_mod. prefix: checkpoints load either way
