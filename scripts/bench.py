@@ -238,7 +238,9 @@ def run_shape(args: argparse.Namespace, shape: Shape, device: torch.device, out:
     p, cfg, prec = shape.name, shape.cfg, args.precision
     other = PRECISIONS[1 - PRECISIONS.index(prec)]
     torch.manual_seed(123)
-    module = GPTLightning(cfg, compile=args.compile)
+    module = GPTLightning(cfg, compile=args.compile, tf32=args.tf32)
+    if args.tf32 and device.type == "cuda":  # what GPTLightning.setup does, for the other contenders too
+        torch.set_float32_matmul_precision("high")
     bare = GPT(cfg).to(device)
     bare.load_state_dict(module.model.state_dict())
     if args.compile:
@@ -332,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="a tiny model, a few seconds (tests the script)")
     parser.add_argument("--precision", choices=PRECISIONS, default="32-true", help="Lightning's precision, for all")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (slow start)")
+    parser.add_argument("--tf32", action="store_true", help="CUDA: TF32 matmuls (GPTLightning's tf32; for all)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer")
     parser.add_argument("--gpt2-context", type=int, default=64, help="context of the GPT-2 124M shape")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -362,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}",
         "precision": args.precision,
         "compile": str(args.compile),
+        "tf32": str(args.tf32 and device.type == "cuda"),
         "keep_cpu_memory": str(kept),
     }
     t0 = time.perf_counter()

@@ -154,7 +154,8 @@ def test_bench_smoke_prints_every_figure():
         "gpt2_gpt_lit_vs_hf",
     ):
         assert name in figures, f"{name} missing from:\n{out}"
-    values = {k: float(v) for k, v in figures.items() if k not in ("device", "precision", "compile", "keep_cpu_memory")}
+    settings = ("device", "precision", "compile", "tf32", "keep_cpu_memory")
+    values = {k: float(v) for k, v in figures.items() if k not in settings}
     assert all(v > 0 and math.isfinite(v) for v in values.values()), values
     # the ratios are the ratios of the printed rates
     ratio = values["chapter_train_tokens_per_s"] / values["chapter_bare_train_tokens_per_s"]
