@@ -50,10 +50,10 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     """``F.cross_entropy(F.linear(h, weight), targets)`` (mean over all N targets), computed faster.
 
     h: (N, C) final hidden states, weight: (V, C) output head, targets: (N,) token IDs, every one counted
-    (there is no ignore_index). With gradients it uses
-    ``_HeadCrossEntropy``; without (evaluation), ``chunk`` rows at a time, so a batch of 64 x 128 tokens never
-    holds its 1.6 GB of logits at once. Under autocast the matmul runs in the autocast dtype (bf16-mixed: bf16)
-    and the softmax in fp32, as ``F.linear`` followed by ``.float()`` would.
+    (there is no ignore_index). With gradients it uses ``_HeadCrossEntropy``; without (evaluation), ``chunk``
+    rows at a time, so a batch of 64 x 128 tokens never holds its 1.6 GB of logits at once. Under autocast
+    the matmul runs in the autocast dtype (bf16-mixed: bf16) and the softmax in fp32, as ``F.linear``
+    followed by ``.float()`` would.
     """
     dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
