@@ -2,85 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
-import sys
-
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from gpt_lit.model import GPT, GPTConfig, generate
+from gpt_lit.ops import head_cross_entropy, keep_freed_memory
 from gpt_lit.tokenizer import get_tokenizer
-
-
-class _HeadCrossEntropy(torch.autograd.Function):
-    """Output head and cross-entropy in one step, for training: mean_i -log softmax(h_i W^T)[t_i].
-
-    The same numbers as ``F.cross_entropy(F.linear(h, W), t)``, with fewer passes over the (tokens x
-    vocab_size) logits, the largest tensors of the step (411 MB at 16 x 128 tokens). Its gradient,
-    softmax - one_hot(t), is made in the forward pass from one softmax, whose row maxima also give the
-    loss: log sum_j exp(x_j) = max_j x_j - log max_j softmax(x)_j (that probability never underflows).
-    Autograd instead runs log_softmax, then a zero-fill, a scatter and log_softmax's backward (two exps).
-    """
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype):
-        h_c, w_c = h.to(dtype), weight.to(dtype)  # the matmul's dtype: bf16 under bf16-mixed, as autocast does
-        logits = (h_c @ w_c.T).float()  # (N, V); the softmax and the loss in fp32 always
-        top = logits.amax(dim=-1)  # (N,)
-        target_logit = logits.gather(1, targets[:, None]).squeeze(1)  # (N,)
-        probs = torch.softmax(logits, dim=-1)  # (N, V)
-        log_sum_exp = top - probs.amax(dim=-1).log()  # (N,): the top logit's probability is exp(top - lse)
-        probs.scatter_add_(1, targets[:, None], probs.new_full((len(targets), 1), -1.0))  # d loss_i / d logits_i
-        ctx.save_for_backward(h_c, w_c, probs.to(dtype))
-        ctx.in_dtypes = (h.dtype, weight.dtype)
-        return (log_sum_exp - target_logit).mean()
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        h_c, w_c, grad_logits = ctx.saved_tensors
-        scale = grad_loss / len(grad_logits)  # d(mean)/d(each term)
-        grad_h = (grad_logits @ w_c).to(ctx.in_dtypes[0]) * scale  # (N, C)
-        grad_w = (grad_logits.T @ h_c).to(ctx.in_dtypes[1]) * scale  # (V, C)
-        return grad_h, grad_w, None, None
-
-
-def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """``F.cross_entropy(F.linear(h, weight), targets)`` (mean over all N targets), computed faster.
-
-    h: (N, C) final hidden states, weight: (V, C) output head, targets: (N,) token IDs, every one counted
-    (there is no ignore_index). With gradients it uses ``_HeadCrossEntropy``; without (evaluation), ``chunk``
-    rows at a time, so a batch of 64 x 128 tokens never holds its 1.6 GB of logits at once. Under autocast
-    the matmul runs in the autocast dtype (bf16-mixed: bf16) and the softmax in fp32, as ``F.linear``
-    followed by ``.float()`` would.
-    """
-    dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _HeadCrossEntropy.apply(h, weight, targets, dtype)
-    w_c, total = weight.to(dtype), h.new_zeros((), dtype=torch.float32)
-    for i in range(0, len(h), chunk):
-        logits = (h[i : i + chunk].to(dtype) @ w_c.T).float()  # (chunk, V)
-        total += F.cross_entropy(logits, targets[i : i + chunk], reduction="sum")
-    return total / len(h)
-
-
-def keep_freed_memory() -> bool:
-    """Keep freed memory in the process (glibc's malloc) instead of giving it back to the OS at once.
-
-    By default glibc serves every allocation above 32 MB with a fresh ``mmap`` and unmaps it when freed, so
-    each training step page-faults and zero-fills its 411 MB logits again: on this project's 2-core CPU a
-    third of a run's CPU time went to the kernel. Serving them from the heap and never trimming it keeps
-    those pages mapped (the process's memory stays at its peak). Returns False where it does not apply.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
-        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-    except (OSError, AttributeError):
-        return False
 
 
 class GPTLightning(L.LightningModule):

@@ -46,7 +46,8 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpt_lit.model import GPT, GPTConfig
-from gpt_lit.module import GPTLightning, head_cross_entropy, keep_freed_memory
+from gpt_lit.module import GPTLightning
+from gpt_lit.ops import head_cross_entropy, keep_freed_memory
 
 PRECISIONS = ("32-true", "bf16-mixed")
 

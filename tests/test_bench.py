@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpt_lit.model import GPT, GPTConfig
-from gpt_lit.module import GPTLightning, head_cross_entropy
+from gpt_lit.module import GPTLightning
+from gpt_lit.ops import head_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
