@@ -19,6 +19,16 @@ TINY = [
 ]  # fmt: skip
 
 
+# Trainer arguments for the tests' in-process runs: CPU, nothing written but the logger's events, quiet.
+QUIET_TRAINER = {
+    "accelerator": "cpu",
+    "num_sanity_val_steps": 0,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
+
 @pytest.fixture(scope="session")
 def book_path() -> Path:
     if not BOOK.is_file():

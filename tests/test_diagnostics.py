@@ -7,6 +7,7 @@ from collections import Counter
 
 import lightning as L
 import pytest
+from conftest import QUIET_TRAINER
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
@@ -36,13 +37,9 @@ def events(tmp_path_factory) -> EventAccumulator:
         max_epochs=2,
         limit_train_batches=2,
         limit_val_batches=1,
+        **QUIET_TRAINER,
         log_every_n_steps=2,
-        num_sanity_val_steps=0,
         gradient_clip_val=CLIP,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
     )
     trainer.fit(model, data)
     acc = EventAccumulator(logger.log_dir, size_guidance={SCALARS: 0, TENSORS: 0})

@@ -10,6 +10,7 @@ from pathlib import Path
 import lightning as L
 import matplotlib.image
 import pytest
+from conftest import QUIET_TRAINER
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lit import experiments as ex
@@ -54,11 +55,7 @@ def tiny_run(root: Path, name: str, epochs: int) -> EpochLosses:
         log_every_n_steps=1,
         limit_train_batches=2,
         limit_val_batches=1,
-        num_sanity_val_steps=0,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
+        **QUIET_TRAINER,
     )
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=2, n_heads=2))
     trainer.fit(model, TimeMachineData(context_length=32, batch_size=4, eval_batch_size=8))
