@@ -54,8 +54,8 @@ def strip_gutenberg(raw: str, source: str = "the book") -> str:
     return text
 
 
-def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
-    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story."""
+def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
+    """The path of ``pg35.txt`` in ``data_dir``, downloading it there first if it is missing."""
     path = Path(data_dir) / BOOK_FILE
     if not path.is_file():
         reason = "downloading is switched off (data.download: false)"
@@ -69,6 +69,12 @@ def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
                 f"The Time Machine is not at {path} and {reason}. Download {BOOK_URL} and save it as {path}, "
                 f"or point data.data_dir (or ${DATA_DIR_ENV}) at the folder that holds {BOOK_FILE}."
             )
+    return path
+
+
+def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
+    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story."""
+    path = ensure_book(data_dir, download)
     try:
         raw = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
@@ -199,7 +205,7 @@ class TimeMachineData(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.trainer is None or self.trainer.state.fn != "predict":
-            load_book(self.data_dir, self.download)  # downloads once, on one process
+            ensure_book(self.data_dir, self.download)  # downloads once, on one process; setup() reads it
 
     def setup(self, stage: str) -> None:
         if stage == "predict":

@@ -94,11 +94,10 @@ class GPTLightning(L.LightningModule):
         metric.update(self.loss(batch), batch[1].numel())
 
     def on_validation_epoch_end(self) -> None:
-        self.log("loss/val", self.val_loss.compute(), prog_bar=True)
-        self.val_loss.reset()
+        # Logging the metric objects: Lightning computes them across processes and resets them.
+        self.log("loss/val", self.val_loss, prog_bar=True)
         if self.train_eval_loss.update_count:
-            self.log("loss/train", self.train_eval_loss.compute(), prog_bar=True)
-            self.train_eval_loss.reset()
+            self.log("loss/train", self.train_eval_loss, prog_bar=True)
 
     def test_step(self, batch, batch_idx: int) -> None:
         self.test_loss.update(self.loss(batch), batch[1].numel())
