@@ -11,12 +11,13 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerStatus
@@ -186,16 +187,17 @@ class GPTLitCLI(LightningCLI):
         return f"; resume with: {command}"
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
+    """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run."""
     try:
-        GPTLitCLI(
+        return GPTLitCLI(
             GPTLightning,
             TimeMachineData,
             args=args,
             parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
             # Always on, whatever the config: stop at a NaN loss, save on Ctrl-C/SIGTERM, exact resumes.
-            trainer_defaults={"callbacks": [FiniteLoss(), InterruptCheckpoint(), RNGState()]},
+            trainer_defaults={"callbacks": [FiniteLoss(), InterruptCheckpoint(), RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate and run the GPT of 'The transformer block'."},
         )
     except (GptLitError, MisconfigurationException, ValueError) as e:

@@ -13,35 +13,53 @@ import torch
 import torch.nn.functional as F
 
 
+def _token_losses(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log softmax(logits)[t] per row, from the softmax already made: (N, V), (N, V), (N,) -> (N,).
+
+    -log p[t] is exact to float rounding while p[t] is a normal float; a row whose target probability is
+    below 1e-30 (a loss above 69 nats, which float32 cannot resolve from the softmax) gets its loss from
+    logsumexp instead. On CPU that check is free; on a GPU it would make the host wait for the device each
+    step, so there the log-sum-exp comes from the row maxima (two more passes over the logits, no wait):
+    log sum_j exp(x_j) = max_j x_j - log max_j p_j (the top logit's probability never underflows).
+    """
+    t = targets[:, None]
+    if logits.device.type != "cpu":
+        log_sum_exp = logits.amax(dim=-1) - probs.amax(dim=-1).log()
+        return log_sum_exp - logits.gather(1, t).squeeze(1)
+    losses = -probs.gather(1, t).squeeze(1).log()
+    far = losses > 69.0  # p[t] < 1e-30
+    if far.any():
+        rows = far.nonzero().squeeze(1)
+        losses[rows] = torch.logsumexp(logits[rows], dim=-1) - logits[rows].gather(1, t[rows]).squeeze(1)
+    return losses
+
+
 class _HeadCrossEntropy(torch.autograd.Function):
     """Output head and cross-entropy in one step, for training: mean_i -log softmax(h_i W^T)[t_i].
 
     The same numbers as ``F.cross_entropy(F.linear(h, W), t)``, with fewer passes over the (tokens x
-    vocab_size) logits, the largest tensors of the step (411 MB at 16 x 128 tokens). Its gradient,
-    softmax - one_hot(t), is made in the forward pass from one softmax, whose row maxima also give the
-    loss: log sum_j exp(x_j) = max_j x_j - log max_j softmax(x)_j (that probability never underflows).
-    Autograd instead runs log_softmax, then a zero-fill, a scatter and log_softmax's backward (two exps).
+    vocab_size) logits, the largest tensors of the step (411 MB at 16 x 128 tokens). One softmax gives both
+    the loss, -log p_i[t_i], and its gradient, softmax - one_hot(t). Autograd instead runs log_softmax, then
+    a zero-fill, a scatter and log_softmax's backward (two exps).
     """
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype):
         h_c, w_c = h.to(dtype), weight.to(dtype)  # the matmul's dtype: bf16 under bf16-mixed, as autocast does
         logits = (h_c @ w_c.T).float()  # (N, V); the softmax and the loss in fp32 always
-        top = logits.amax(dim=-1)  # (N,)
-        target_logit = logits.gather(1, targets[:, None]).squeeze(1)  # (N,)
         probs = torch.softmax(logits, dim=-1)  # (N, V)
-        log_sum_exp = top - probs.amax(dim=-1).log()  # (N,): the top logit's probability is exp(top - lse)
+        losses = _token_losses(logits, probs, targets)  # (N,)
         probs.scatter_add_(1, targets[:, None], probs.new_full((len(targets), 1), -1.0))  # d loss_i / d logits_i
         ctx.save_for_backward(h_c, w_c, probs.to(dtype))
         ctx.in_dtypes = (h.dtype, weight.dtype)
-        return (log_sum_exp - target_logit).mean()
+        return losses.mean()
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         h_c, w_c, grad_logits = ctx.saved_tensors
         scale = grad_loss / len(grad_logits)  # d(mean)/d(each term)
         grad_h = (grad_logits @ w_c).to(ctx.in_dtypes[0]) * scale  # (N, C)
-        grad_w = (grad_logits.T @ h_c).to(ctx.in_dtypes[1]) * scale  # (V, C)
+        grad_w = (grad_logits.T @ (h_c * scale.to(h_c.dtype))).to(ctx.in_dtypes[1])  # (V, C); scaled the small side
         return grad_h, grad_w, None, None
 
 

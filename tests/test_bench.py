@@ -96,6 +96,21 @@ def test_head_cross_entropy_equals_linear_then_cross_entropy():
         assert head_cross_entropy(h0, w0, t, chunk=7).item() == pytest.approx(expected.item(), abs=1e-5)
 
 
+def test_head_cross_entropy_is_exact_where_the_target_probability_underflows():
+    # Targets hundreds of nats away from the top logit: their softmax probability is 0 in float32, so the loss
+    # must come from logsumexp, not from -log p[t]; the other rows keep the fast path.
+    torch.manual_seed(0)
+    h, w = torch.randn(40, 32) * 30, torch.randn(300, 32)
+    t = torch.randint(0, 300, (40,))
+    logits = F.linear(h, w)
+    far = F.cross_entropy(logits, t, reduction="none") > 69
+    assert 0 < far.sum() < 40  # both kinds of rows are there
+    assert (logits.softmax(-1).gather(1, t[:, None]).squeeze(1)[far] < 1e-30).all()
+    got = head_cross_entropy(h.requires_grad_(), w, t)
+    assert math.isfinite(got.item())
+    assert got.item() == pytest.approx(F.cross_entropy(logits, t).item(), rel=1e-6)
+
+
 def test_lightning_fp32_losses_equal_the_plain_pytorch_loop():
     """GPTLightning with its speed options (fused loss, fused AdamW) through the Trainer gives the losses of the
     chapter's loop written plainly: logits, F.cross_entropy, AdamW, the same seed and batch."""
@@ -143,6 +158,9 @@ def test_bench_smoke_prints_every_figure():
         "lightning_vs_bare",
         "gpt_lit_vs_hf",
         "mfu",
+        "mfu_matmul_only",
+        "plain_mfu",
+        "gpt_lit_vs_plain",
         "eval_vs_train",
         "bf16_vs_fp32",
         "peak_memory_mb",
@@ -161,8 +179,14 @@ def test_bench_smoke_prints_every_figure():
     # the ratios are the ratios of the printed rates
     ratio = values["chapter_train_tokens_per_s"] / values["chapter_bare_train_tokens_per_s"]
     assert values["lightning_vs_bare"] == pytest.approx(ratio, rel=1e-3)
-    assert values["chapter_train_flops_per_token"] == bench.train_flops_per_token(
-        GPTConfig(vocab_size=512, context_length=16, emb_dim=32, n_layers=2, n_heads=2), 16
+    smoke = GPTConfig(vocab_size=512, context_length=16, emb_dim=32, n_layers=2, n_heads=2)
+    n_all = sum(p.numel() for p in GPT(smoke).parameters())
+    assert values["chapter_params"] == n_all
+    assert values["chapter_train_flops_per_token"] == bench.train_flops_per_token(smoke, 16, n_all)
+    assert values["chapter_train_matmul_flops_per_token"] == bench.train_flops_per_token(smoke, 16)
+    # mfu and mfu_matmul_only are the same rate over the same peak, in the two FLOP counts
+    assert values["mfu"] / values["mfu_matmul_only"] == pytest.approx(
+        bench.train_flops_per_token(smoke, 16, n_all) / bench.train_flops_per_token(smoke, 16), rel=1e-3
     )
 
 
@@ -171,3 +195,40 @@ def test_compiled_model_gives_the_same_losses_and_checkpoint_keys():
     compiled, module = lightning_losses("32-true", steps=3, compile=True)
     assert compiled == pytest.approx(eager, abs=1e-5)
     assert "model.tok_emb.weight" in module.state_dict()  # no _orig_mod. prefix: checkpoints load either way
+
+
+def test_time_run_counts_the_runs_tokens_and_flops(book_path):
+    """scripts/time_run.py on one epoch of a tiny residual.yaml: the tokens it counts are the run's windows."""
+    from conftest import TINY
+
+    from gpt_lit.data import TimeMachineData
+    from gpt_lit.model import count_params
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "time_run.py"), "configs/residual.yaml", "--trainer.max_epochs", "1"]
+        + TINY,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    figures = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    dm = TimeMachineData(context_length=32, batch_size=4)
+    dm.prepare_data()
+    dm.setup("fit")
+    T, train_windows, val_windows = 32, len(dm.train_dataloader()) * 4, len(dm.val_set)
+    assert int(figures["epochs"]) == 1
+    assert int(figures["train_tokens"]) == train_windows * T  # full batches only (drop_last)
+    assert int(figures["eval_tokens"]) == (len(dm.train_set) + val_windows) * T  # both whole sets, once
+    cfg = GPTConfig(vocab_size=50257, context_length=T, emb_dim=32, n_layers=2, n_heads=2)
+    n = count_params(GPT(cfg))
+    flops = int(figures["train_tokens"]) * (6 * n + 12 * 2 * T * 32) + int(figures["eval_tokens"]) * (
+        2 * n + 4 * 2 * T * 32
+    )
+    assert float(figures["flops"]) == pytest.approx(flops, rel=1e-3)
+    assert float(figures["wall_vs_flops"]) == pytest.approx(
+        float(figures["wall_s"]) / float(figures["flops_over_peak_s"]), rel=1e-2
+    )
+    assert float(figures["wall_s"]) > float(figures["fit_s"]) > 0
+    assert 0 < float(figures["loss/train"]) < 11 and 0 < float(figures["loss/val"]) < 11
