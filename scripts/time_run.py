@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("config", help="a gpt_lit config, e.g. configs/residual.yaml")
     parser.add_argument("--keep", action="store_true", help="log to the config's folder instead of a temporary one")
     args, fit_options = parser.parse_known_args()
+    sys.argv = sys.argv[:1]  # the fit options go to the CLI as ``args``; LightningCLI warns if argv has them too
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
     peak_before = matmul_peak()
