@@ -17,13 +17,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.data import TimeMachineData
+from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
 from gpt_lit.ops import head_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench  # noqa: E402 (scripts/bench.py)
+from conftest import TINY as TINY_CLI  # noqa: E402 (the CLI options of a tiny model)
 
 TINY = GPTConfig(vocab_size=300, context_length=16, emb_dim=32, n_layers=2, n_heads=2, dropout=0.0)
 
@@ -145,15 +147,21 @@ def test_bf16_mixed_trains_on_cpu_and_keeps_fp32_weights():
     assert all(p.dtype == torch.float32 for p in module.parameters())
 
 
-def test_bench_smoke_prints_every_figure():
+def script_figures(script: str, *args: str) -> tuple[dict[str, str], str]:
+    """Run scripts/<script> as a reader does; its ``name: value`` lines as a dict, and its whole output."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke"],
+        [sys.executable, str(ROOT / "scripts" / script), *args],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
         check=True,
     ).stdout
-    figures = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line), out
+
+
+def test_bench_smoke_prints_every_figure():
+    figures, out = script_figures("bench.py", "--smoke")
     for name in (
         "lightning_vs_bare",
         "gpt_lit_vs_hf",
@@ -199,21 +207,7 @@ def test_compiled_model_gives_the_same_losses_and_checkpoint_keys():
 
 def test_time_run_counts_the_runs_tokens_and_flops(book_path):
     """scripts/time_run.py on one epoch of a tiny residual.yaml: the tokens it counts are the run's windows."""
-    from conftest import TINY
-
-    from gpt_lit.data import TimeMachineData
-    from gpt_lit.model import count_params
-
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "time_run.py"), "configs/residual.yaml", "--trainer.max_epochs", "1"]
-        + TINY,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    ).stdout
-    figures = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    figures, _ = script_figures("time_run.py", "configs/residual.yaml", "--trainer.max_epochs", "1", *TINY_CLI)
     dm = TimeMachineData(context_length=32, batch_size=4)
     dm.prepare_data()
     dm.setup("fit")
