@@ -13,17 +13,17 @@ import torch
 import torch.nn.functional as F
 
 
-def _token_losses(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_losses(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor, host_check: bool) -> torch.Tensor:
     """-log softmax(logits)[t] per row, from the softmax already made: (N, V), (N, V), (N,) -> (N,).
 
-    -log p[t] is exact to float rounding while p[t] is a normal float; a row whose target probability is
-    below 1e-30 (a loss above 69 nats, which float32 cannot resolve from the softmax) gets its loss from
-    logsumexp instead. On CPU that check is free; on a GPU it would make the host wait for the device each
-    step, so there the log-sum-exp comes from the row maxima (two more passes over the logits, no wait):
-    log sum_j exp(x_j) = max_j x_j - log max_j p_j (the top logit's probability never underflows).
+    With ``host_check`` (on CPU, where it is free): -log p[t], exact to float rounding while p[t] is a normal
+    float; a row whose target probability is below 1e-30 (a loss above 69 nats, which float32 cannot resolve
+    from the softmax) gets its loss from logsumexp instead. Without (on a GPU, where that check would make
+    the host wait for the device each step): the log-sum-exp from the row maxima, two more passes over the
+    logits and no wait: log sum_j exp(x_j) = max_j x_j - log max_j p_j (the top probability never underflows).
     """
     t = targets[:, None]
-    if logits.device.type != "cpu":
+    if not host_check:
         log_sum_exp = logits.amax(dim=-1) - probs.amax(dim=-1).log()
         return log_sum_exp - logits.gather(1, t).squeeze(1)
     losses = -probs.gather(1, t).squeeze(1).log()
@@ -48,7 +48,7 @@ class _HeadCrossEntropy(torch.autograd.Function):
         h_c, w_c = h.to(dtype), weight.to(dtype)  # the matmul's dtype: bf16 under bf16-mixed, as autocast does
         logits = (h_c @ w_c.T).float()  # (N, V); the softmax and the loss in fp32 always
         probs = torch.softmax(logits, dim=-1)  # (N, V)
-        losses = _token_losses(logits, probs, targets)  # (N,)
+        losses = token_losses(logits, probs, targets, host_check=logits.device.type == "cpu")  # (N,)
         probs.scatter_add_(1, targets[:, None], probs.new_full((len(targets), 1), -1.0))  # d loss_i / d logits_i
         ctx.save_for_backward(h_c, w_c, probs.to(dtype))
         ctx.in_dtypes = (h.dtype, weight.dtype)

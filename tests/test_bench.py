@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
-from gpt_lit.ops import head_cross_entropy
+from gpt_lit.ops import head_cross_entropy, token_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -111,6 +111,11 @@ def test_head_cross_entropy_is_exact_where_the_target_probability_underflows():
     got = head_cross_entropy(h.requires_grad_(), w, t)
     assert math.isfinite(got.item())
     assert got.item() == pytest.approx(F.cross_entropy(logits, t).item(), rel=1e-6)
+    # Both ways of taking the losses from the softmax (CPU's, and the GPU's with no host check) are exact.
+    expected = F.cross_entropy(logits, t, reduction="none")
+    for host_check in (True, False):
+        got = token_losses(logits, logits.softmax(-1), t, host_check)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
 
 
 def test_lightning_fp32_losses_equal_the_plain_pytorch_loop():
