@@ -30,7 +30,8 @@ def token_losses(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tenso
     far = losses > 69.0  # p[t] < 1e-30
     if far.any():
         rows = far.nonzero().squeeze(1)
-        losses[rows] = torch.logsumexp(logits[rows], dim=-1) - logits[rows].gather(1, t[rows]).squeeze(1)
+        far_logits = logits[rows]  # (n_far, V)
+        losses[rows] = torch.logsumexp(far_logits, dim=-1) - far_logits.gather(1, t[rows]).squeeze(1)
     return losses
 
 
