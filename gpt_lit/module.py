@@ -5,10 +5,12 @@ from __future__ import annotations
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.ops import head_cross_entropy, keep_freed_memory
+from gpt_lit.pretrained import fetch, load_pretrained
 from gpt_lit.tokenizer import get_tokenizer
 
 
@@ -26,6 +28,7 @@ class GPTLightning(L.LightningModule):
         max_new_tokens: int = 50,
         temperature: float = 0.0,
         top_k: int | None = None,
+        init_from: str | None = None,
     ):
         """The chapter's GPT trained for next-token prediction with cross-entropy and AdamW.
 
@@ -54,12 +57,18 @@ class GPTLightning(L.LightningModule):
             max_new_tokens: Tokens ``predict`` appends to each prompt.
             temperature: 0 is greedy decoding, the chapter's; above 0 samples from softmax(logits / T).
             top_k: When sampling, keep only the k most likely tokens (None: all).
+            init_from: Start from GPT-2's released weights: a hub name (gpt2, gpt2-medium, gpt2-large,
+                gpt2-xl; downloaded once into Hugging Face's cache, needs ``pip install -e ".[hub]"``) or a
+                folder in Hugging Face's layout (config.json + model.safetensors or pytorch_model.bin).
+                model.config must match its config.json; data.context_length may be shorter (the first rows
+                of the position table are kept). A --ckpt_path is restored over these weights.
         """
         super().__init__()
         if lr <= 0 or weight_decay < 0 or max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k <= 0):
             raise ValueError("model.lr must be > 0; weight_decay, max_new_tokens, temperature >= 0; top_k > 0 or null")
         self.save_hyperparameters()
         self.model = GPT(config)
+        self.pretrained_loaded = False  # init_from's weights are copied in once, by setup()
         if compile:
             self.model.compile()  # in place: the state_dict keys stay model.*
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
@@ -71,6 +80,16 @@ class GPTLightning(L.LightningModule):
             keep_freed_memory()
         if self.hparams.tf32 and device == "cuda":
             torch.set_float32_matmul_precision("high")
+        # Lightning runs prepare_data, setup, configure_model, then restores a --ckpt_path: so a resumed
+        # fine-tune continues from its checkpoint, not from the released weights.
+        if self.hparams.init_from and not self.pretrained_loaded:
+            folder = load_pretrained(self.model, self.hparams.init_from)
+            self.pretrained_loaded = True
+            rank_zero_info(f"model.init_from: GPT-2 weights loaded from {folder}")
+
+    def prepare_data(self) -> None:
+        if self.hparams.init_from:  # a hub name is downloaded here: on one process per node, once
+            fetch(self.hparams.init_from)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
