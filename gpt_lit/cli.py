@@ -300,7 +300,7 @@ class GPTLitCLI(LightningCLI):
             defaults = [cb for cb in defaults if not isinstance(cb, Checkpoint)]
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
         elif not any(isinstance(cb, ModelCheckpoint) for cb in [*callbacks, *defaults]):
-            callbacks.append(EpochCheckpoint())  # a config without one still saves last.ckpt every epoch
+            callbacks.append(EpochCheckpoint(save_top_k=0))  # a config without one still saves last.ckpt every epoch
         # Atomic saves, whatever --trainer.plugins the user gives (unless it is a CheckpointIO of their own).
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list) else [plugins]
