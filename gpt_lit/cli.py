@@ -2,6 +2,11 @@
 
 Every mistake a user can fix ends the same way: one line on stderr starting with ``error:``, exit code 2,
 no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``interrupted.ckpt`` and prints how to resume.
+
+``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
+Every ``fit`` saves ``last.ckpt`` after each epoch (atomically; see gpt_lit/checkpointing.py), unless
+``--trainer.enable_checkpointing false``. ``--ckpt_path last`` / ``best`` in a new process use the latest run of
+the config's name. ``test`` and ``predict`` on a run's checkpoint write into that run's folder.
 """
 
 from __future__ import annotations
@@ -15,21 +20,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import lightning.pytorch as pl
 import torch
+from jsonargparse import ActionConfigFile, Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
+from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
+from gpt_lit.console import quiet_console, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import vocab_size
+
+PROG = "python -m gpt_lit"
 
 # ckpt_path values Lightning resolves itself rather than reading a file
 LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
@@ -138,7 +151,116 @@ def check_writable(trainer: Trainer) -> None:
             ) from None
 
 
+def configs_dir() -> Path:
+    """The shipped configs: ``gpt_lit/configs`` in an installed wheel, ``configs/`` at the top of a checkout."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The shipped configs by name (``residual``, ``no_residual_8``, ...)."""
+    return {path.stem: path for path in sorted(configs_dir().glob("*.yaml"))}
+
+
+def find_config(value: str) -> str:
+    """``--config``'s value as a file: an existing path as given, else the shipped config of that name.
+
+    ``residual``, ``residual.yaml`` and ``configs/residual.yaml`` all name the shipped ``residual.yaml``.
+    Anything else that is not a file (inline YAML, a path in another folder) is left to the parser.
+    """
+    if Path(value).exists() or not re.fullmatch(r"(configs/)?[\w.-]+", value):
+        return value
+    name = Path(value).name.removesuffix(".yaml").removesuffix(".yml")
+    configs = shipped_configs()
+    if name in configs:
+        return str(configs[name])
+    raise GptLitError(
+        f"--config {value}: no such file, and no shipped config of that name; the shipped configs are "
+        f"{', '.join(configs)} (give one of these names, or a config file's path)"
+    )
+
+
+def with_shipped_configs(args: list[str]) -> list[str]:
+    """``args`` with every ``--config``/``-c`` value replaced by ``find_config``'s answer."""
+    out, args = [], list(args)
+    for i, arg in enumerate(args):
+        if i and args[i - 1] in ("--config", "-c"):
+            arg = find_config(arg)
+        elif arg.startswith(("--config=", "-c=")):
+            option, value = arg.split("=", 1)
+            arg = f"{option}={find_config(value)}"
+        out.append(arg)
+    return out
+
+
+def runs_folder(trainer: Namespace) -> Path | None:
+    """Where the configured logger puts the ``version_N`` run folders (None for a logger without one)."""
+    logger, root = trainer.get("logger"), trainer.get("default_root_dir") or "."
+    if logger is None or logger is True:  # Lightning's default TensorBoardLogger
+        return Path(root) / "lightning_logs"
+    init = logger.get("init_args") if isinstance(logger, Namespace) else None
+    if init is None or "save_dir" not in init:
+        return None
+    return Path(init.get("save_dir") or root) / (init.get("name") or "")
+
+
+def run_of(ckpt_path: str | None) -> Path | None:
+    """The run folder ``<run>`` of ``<run>/checkpoints/X.ckpt``, if that is where the checkpoint is."""
+    if not ckpt_path or ckpt_path in LIGHTNING_CKPT_NAMES or "://" in ckpt_path:
+        return None
+    run = Path(ckpt_path).parent.parent
+    is_run = (run / "config.yaml").is_file() or any(run.glob("events.out.tfevents.*"))
+    return run if Path(ckpt_path).parent.name == "checkpoints" and is_run else None
+
+
+def latest_checkpoint(folder: Path | None, which: str) -> str:
+    """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``."""
+    looked = f"{folder}/version_*/checkpoints/last.ckpt" if folder else "nowhere: the logger has no save_dir"
+    versions = folder.glob("version_*/checkpoints/last.ckpt") if folder else []
+    number = lambda p: int(m[1]) if (m := re.fullmatch(r"version_(\d+)", p.parent.parent.name)) else -1  # noqa: E731
+    found = sorted(versions, key=number)
+    if not found:
+        raise GptLitError(
+            f"--ckpt_path {which}: no run with a checkpoint; looked for {looked} (from {Path.cwd()}). Train one "
+            f"with `{PROG} fit` and the same config, or give a checkpoint's path"
+        )
+    last = found[-1]
+    if which == "last":
+        return str(last)
+    states = read_checkpoint(str(last)).get("callbacks", {}).values()
+    best = [s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")]
+    if not best or not (last.parent / Path(best[0]).name).is_file():
+        raise GptLitError(
+            f"--ckpt_path best: the latest run, {last.parent.parent}, keeps no best checkpoint (its config has no "
+            f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a checkpoint's path"
+        )
+    return str(last.parent / Path(best[0]).name)
+
+
 class GPTLitCLI(LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        quiet_console()
+        super().__init__(*args, **kwargs)
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
+        kwargs.setdefault("prog", PROG)
+        parser = self.parser_class(**kwargs)
+        names = ", ".join(shipped_configs())
+        parser.add_argument(
+            "-c", "--config", action=ActionConfigFile,
+            help=f"A YAML config: a file's path, or the name of a shipped config ({names}; '.yaml' optional). "
+            "A path that exists wins over a name.",
+        )  # fmt: skip
+        return parser
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names
+            self.config = parser.parse_args(with_shipped_configs(sys.argv[1:] if args is None else args))
+        else:
+            super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The model's position table and vocabulary come from the data, so the two can never disagree.
         parser.link_arguments("data.context_length", "model.config.context_length")
@@ -152,8 +274,41 @@ class GPTLitCLI(LightningCLI):
         self.checkpoint: dict[str, Any] | None = None
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path in ("last", "best"):  # in a new process: the latest run of this config's name
+            path = latest_checkpoint(runs_folder(self.config[subcommand].trainer), path)
+            self.config[subcommand].ckpt_path = path
         if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
             self.checkpoint = read_checkpoint(path)
+
+    def before_instantiate_classes(self) -> None:
+        # test and predict on <run>/checkpoints/X.ckpt log into <run>/<test|predict>/X/, beside what they evaluate
+        subcommand = self.subcommand
+        run = run_of(self.config[subcommand].get("ckpt_path")) if subcommand in ("test", "predict") else None
+        logger = self.config[subcommand].trainer.get("logger") if run else None
+        init = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if init is not None and "save_dir" in init:
+            init.save_dir, init.name = str(run), subcommand
+            init.version = Path(self.config[subcommand].ckpt_path).stem
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        config = self._get(self.config_init, "trainer", default={})
+        callbacks = config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        defaults = self.trainer_defaults.get("callbacks", [])
+        if config.get("enable_checkpointing") is False:  # off means off: ours and the config's
+            callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
+            defaults = [cb for cb in defaults if not isinstance(cb, Checkpoint)]
+            self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
+        elif not any(isinstance(cb, ModelCheckpoint) for cb in [*callbacks, *defaults]):
+            callbacks.append(EpochCheckpoint(save_top_k=0))  # a config without one still saves last.ckpt every epoch
+        # Atomic saves, whatever --trainer.plugins the user gives (unless it is a CheckpointIO of their own).
+        plugins = config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        trainer = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+        use_quiet_summary(trainer)
+        return trainer
 
     def _check_inputs(self) -> None:
         if self.checkpoint is not None:

@@ -1,8 +1,10 @@
-"""The Time Machine as a LightningDataModule: find (or download) the book, tokenize, cut into windows."""
+"""The Time Machine as a LightningDataModule: find the book (shipped, or another copy), tokenize, cut into windows."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpt_lit.errors import GptLitError
@@ -19,11 +22,30 @@ from gpt_lit.tokenizer import get_tokenizer
 BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
 BOOK_FILE = "pg35.txt"
 DATA_DIR_ENV = "GPT_LIT_DATA_DIR"
+# The copy every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends). It ships
+# with the package, Gutenberg's licence inside it, so nothing needs the network.
+BOOK_SHA256 = "7fb3a97247192d3ddbe13be43d0359d8395db73b884f395c4b5f15f6931acba2"
+SHIPPED_BOOK_DIR = Path(__file__).resolve().parent / "book"
 
 
 def default_data_dir() -> str:
-    """``$GPT_LIT_DATA_DIR`` when set, else ``data`` (relative to where you run)."""
-    return os.environ.get(DATA_DIR_ENV) or "data"
+    """``$GPT_LIT_DATA_DIR`` when set, else the folder of the book that ships with gpt_lit."""
+    return os.environ.get(DATA_DIR_ENV) or str(SHIPPED_BOOK_DIR)
+
+
+def check_edition(path: Path, raw: bytes) -> bool:
+    """True if ``raw`` is the shipped edition; else print one ``warning:`` line (from process 0) and return False."""
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest == BOOK_SHA256:
+        return True
+    if rank_zero_only.rank == 0:
+        print(
+            f"warning: {path} is another copy of The Time Machine than the one the README's numbers come from "
+            f"(sha256 {digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses "
+            f"will differ; leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
+            file=sys.stderr,
+        )
+    return False
 
 
 def download_book(path: Path, url: str = BOOK_URL, timeout: float = 30.0) -> None:
@@ -73,17 +95,23 @@ def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
 
 
 def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
-    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story."""
+    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story.
+
+    A copy that is not byte for byte the shipped one is used all the same, after a one-line warning.
+    """
     path = ensure_book(data_dir, download)
     try:
-        raw = path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
+        raw = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise GptLitError(f"{path} is not UTF-8 text (byte {e.start}); replace it with {BOOK_URL}") from None
     except OSError as e:
         raise GptLitError(f"cannot read {path}: {e.strerror}") from None
     if not raw.strip():
         raise GptLitError(f"{path} is empty; delete it to download the book again, or replace it with {BOOK_URL}")
-    return strip_gutenberg(raw, source=str(path))
+    text = strip_gutenberg(raw, source=str(path))
+    check_edition(path, data)
+    return text
 
 
 class TokenWindows(Dataset):
@@ -166,11 +194,12 @@ class TimeMachineData(L.LightningDataModule):
         """H. G. Wells' The Time Machine (Project Gutenberg eBook #35), tokenized with GPT-2's BPE.
 
         Args:
-            data_dir: Folder holding pg35.txt exactly as Gutenberg serves it. Default: $GPT_LIT_DATA_DIR
-                when set, else ``data``. Missing file: downloaded there from gutenberg.org.
+            data_dir: Folder holding another copy of pg35.txt, exactly as Gutenberg serves it (downloaded
+                there from gutenberg.org if missing; a copy other than the shipped one gets a warning).
+                Default: $GPT_LIT_DATA_DIR when set, else the book that ships with gpt_lit (no network).
             tokenizer: The BPE tokenizer; only GPT-2's ("gpt2") ships. Its vocabulary size becomes
                 model.config.vocab_size (linked).
-            download: Download the book when it is not in data_dir.
+            download: Download the book when it is not in data_dir (never needed for the shipped copy).
             context_length: Tokens per training window; also the model's context_length (linked).
             stride: Tokens between the starts of consecutive windows (= context_length: no overlap).
             train_fraction: Fraction of the book's characters, from the start, used for training; the

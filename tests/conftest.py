@@ -3,10 +3,12 @@ from pathlib import Path
 
 import pytest
 
+from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
+
 REPO = Path(__file__).resolve().parents[1]
-# Tests and CI read the book from the workplace's shared folder; the package itself never knows this path.
-os.environ.setdefault("GPT_LIT_DATA_DIR", str(REPO.parent / "shared" / "data"))
-BOOK = Path(os.environ["GPT_LIT_DATA_DIR"]) / "pg35.txt"
+# The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
+os.environ.pop(DATA_DIR_ENV, None)
+BOOK = SHIPPED_BOOK_DIR / "pg35.txt"
 
 # A model small enough to train for a few steps in seconds, same code paths as the chapter's configs.
 TINY = [
@@ -32,5 +34,5 @@ QUIET_TRAINER = {
 @pytest.fixture(scope="session")
 def book_path() -> Path:
     if not BOOK.is_file():
-        pytest.fail(f"The Time Machine is not at {BOOK}: set GPT_LIT_DATA_DIR to the folder holding pg35.txt")
+        pytest.fail(f"The Time Machine is not at {BOOK}: the package's shipped book is missing")
     return BOOK

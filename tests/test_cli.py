@@ -1,5 +1,7 @@
-"""`python -m gpt_lit` as a reader uses it: every shipped config builds; fit, then test and predict."""
+"""`python -m gpt_lit` as a reader uses it: every shipped config builds, by name from anywhere; fit, then test and
+predict beside the run."""
 
+import hashlib
 import os
 import re
 import subprocess
@@ -9,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt_lit.cli import GPTLitCLI
+from gpt_lit.cli import GPTLitCLI, main
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import count_params
 from gpt_lit.module import GPTLightning
@@ -49,8 +52,42 @@ def test_every_shipped_config_builds(config, tmp_path, monkeypatch):
     assert Path(cli.trainer.logger.log_dir).parent.name == config.stem  # lightning_logs/<run name>/version_N
 
 
+@pytest.mark.parametrize("name", ["residual.yaml", "residual", "configs/residual.yaml", "no_residual_8"])
+def test_a_shipped_config_by_name_from_any_folder(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    cli = GPTLitCLI(GPTLightning, TimeMachineData, args=["--config", name], run=False)
+    stem = Path(name).name.removesuffix(".yaml")
+    assert cli.model.model.cfg.n_layers == (8 if stem.endswith("_8") else 4)
+    assert cli.model.model.cfg.residual == (not stem.startswith("no_"))
+    assert Path(cli.trainer.logger.log_dir).parent.name == stem
+
+
+def test_a_path_that_exists_wins_over_a_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = (REPO / "configs/residual.yaml").read_text()
+    Path("residual.yaml").write_text(text.replace("max_epochs: 10", "max_epochs: 3"))
+    for value in ("residual.yaml", "--config=residual.yaml"):
+        args = [value] if value.startswith("--") else ["--config", value]
+        assert GPTLitCLI(GPTLightning, TimeMachineData, args=args, run=False).trainer.max_epochs == 3
+    assert GPTLitCLI(GPTLightning, TimeMachineData, args=["-c", "residual"], run=False).trainer.max_epochs == 10
+
+
+def test_an_unknown_config_name_lists_the_shipped_ones(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", "resid.yaml"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("error:") == 1 and "Traceback" not in err
+    assert err.startswith("error: --config resid.yaml: no such file, and no shipped config of that name;")
+    assert "gpt2_124m, no_residual, no_residual_8, residual, residual_8" in err
+
+
 def test_help_explains_every_option(tmp_path):
     out = gpt_lit("fit", "--help", cwd=tmp_path).stdout
+    assert out.startswith("usage: python -m gpt_lit [options] fit")
+    assert "the name of a shipped config (gpt2_124m, no_residual, no_residual_8, residual, residual_8" in " ".join(
+        out.split()
+    )
     for option, words in {
         "--model.config.emb_dim": "Width of every token vector",
         "--model.config.residual": "Residual connections",
@@ -62,34 +99,74 @@ def test_help_explains_every_option(tmp_path):
     assert "data.context_length --> model.config.context_length" in out
 
 
-def test_fit_then_test_and_predict_on_the_checkpoint(tmp_path):
-    run = ["--config", str(REPO / "configs/residual.yaml"), *TINY, "--trainer.enable_progress_bar", "false"]
+def scalars(folder: Path) -> dict[str, list[float]]:
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def fingerprint(run: Path) -> dict[str, str]:
+    """sha256 of every file of a run folder (its config, events and checkpoints), not its test/predict outputs."""
+    files = [p for p in run.rglob("*") if p.is_file() and p.relative_to(run).parts[0] not in ("test", "predict")]
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def test_fit_then_test_and_predict_beside_the_run(tmp_path):
+    run = ["--config", "residual.yaml", *TINY, "--trainer.enable_progress_bar", "false"]
     fit = gpt_lit("fit", *run, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3", cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     version = tmp_path / "lightning_logs" / "residual" / "version_0"
     ckpts = sorted(p.name for p in (version / "checkpoints").iterdir())
-    assert "last.ckpt" in ckpts and any(p.startswith("best-epoch") for p in ckpts)
+    assert ckpts == ["best-epoch01.ckpt", "last.ckpt"]
     state = torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["epoch"] == 1 and state["global_step"] == 6
     assert (version / "config.yaml").is_file()
+    files = fingerprint(version)
+    first_val, last_val = scalars(version)["loss/val"]
+    assert first_val - last_val > 1e-3  # so the weights of epoch 1 are told apart from any earlier ones
 
-    ckpt = str(version / "checkpoints" / "last.ckpt")
-    test = gpt_lit("test", "--config", str(version / "config.yaml"), "--ckpt_path", ckpt, cwd=tmp_path)
-    assert test.returncode == 0, test.stderr[-3000:]
-    loss = float(re.search(r"test/loss\s*[│|]\s*([\d.]+)", test.stdout).group(1))
-    ppl = float(re.search(r"test/perplexity\s*[│|]\s*([\d.]+)", test.stdout).group(1))
-    assert 5.0 < loss < 10.9 and abs(ppl - torch.tensor(loss).exp().item()) / ppl < 1e-3
+    def test_loss(out: subprocess.CompletedProcess) -> float:
+        assert out.returncode == 0, out.stderr[-3000:]
+        loss = float(re.search(r"test/loss\s*[│|]\s*([\d.]+)", out.stdout).group(1))
+        ppl = float(re.search(r"test/perplexity\s*[│|]\s*([\d.]+)", out.stdout).group(1))
+        assert abs(ppl - torch.tensor(loss).exp().item()) / ppl < 1e-3
+        return loss
+
+    # A checkpoint of the run, by path: the test loss goes into <run>/test/<checkpoint name>/.
+    ckpt = str(version / "checkpoints" / "best-epoch01.ckpt")
+    loss = test_loss(gpt_lit("test", "--config", str(version / "config.yaml"), "--ckpt_path", ckpt, cwd=tmp_path))
+    assert loss == pytest.approx(last_val, abs=1e-4)  # the trained weights: the run's last validation loss
+    assert scalars(version / "test" / "best-epoch01")["test/loss"] == [pytest.approx(loss, abs=1e-3)]
+
+    # --ckpt_path last, in a new process: the latest run of the config's name, into <run>/test/last/.
+    loss = test_loss(gpt_lit("test", *run, "--ckpt_path", "last", cwd=tmp_path))
+    assert loss == pytest.approx(last_val, abs=1e-4)  # not an untrained model's
+    assert scalars(version / "test" / "last")["test/loss"] == [pytest.approx(loss, abs=1e-3)]
 
     predict = gpt_lit(
-        "predict", "--config", str(version / "config.yaml"), "--ckpt_path", ckpt,
+        "predict", "--config", str(version / "config.yaml"), "--ckpt_path", str(version / "checkpoints" / "last.ckpt"),
         "--data.prompts", '["The Time Traveller", "It was"]', "--model.max_new_tokens", "5", cwd=tmp_path,
     )  # fmt: skip
     assert predict.returncode == 0, predict.stderr[-3000:]
-    written = sorted((tmp_path / "lightning_logs" / "residual").glob("version_*/continuations.txt"))
-    assert len(written) == 1
-    texts = written[0].read_text().strip().split("\n\n")
+    written = version / "predict" / "last" / "continuations.txt"
+    texts = written.read_text().strip().split("\n\n")
     assert len(texts) == 2 and texts[0].startswith("The Time Traveller") and texts[1].startswith("It was")
     assert texts[0] in predict.stdout
+
+    assert [p.name for p in version.parent.iterdir()] == ["version_0"]  # no new run folders
+    assert fingerprint(version) == files  # nothing of the run was touched
+
+
+def test_ckpt_path_last_without_a_run_says_where_it_looked(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["test", "--config", "residual", *TINY, "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("error:") == 1, err
+    assert err.startswith(
+        f"error: --ckpt_path last: no run with a checkpoint; looked for "
+        f"lightning_logs/residual/version_*/checkpoints/last.ckpt (from {tmp_path})"
+    )
 
 
 def test_prompts_from_a_file(tmp_path):

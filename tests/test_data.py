@@ -14,7 +14,7 @@ from gpt_lit.errors import GptLitError
 
 @pytest.fixture(scope="module")
 def dm():
-    dm = TimeMachineData()  # data_dir from $GPT_LIT_DATA_DIR, as in CI
+    dm = TimeMachineData()  # the shipped book
     dm.setup("fit")
     return dm
 
@@ -54,7 +54,7 @@ def test_env_var_is_the_default_and_yaml_wins(monkeypatch, tmp_path):
     assert TimeMachineData().data_dir == str(tmp_path / "env")
     assert TimeMachineData(data_dir="elsewhere").data_dir == "elsewhere"
     monkeypatch.delenv("GPT_LIT_DATA_DIR")
-    assert TimeMachineData().data_dir == "data"
+    assert TimeMachineData().data_dir == str(data_mod.SHIPPED_BOOK_DIR)
 
 
 def test_missing_book_is_downloaded_atomically(tmp_path, book_path, monkeypatch):

@@ -1,0 +1,105 @@
+"""What a run prints: Lightning's progress bar, model summary and losses, without our dependencies' noise.
+
+Three messages are dropped, each matched exactly (every other warning and log line still shows):
+
+- Lightning's "💡 Tip: For seamless cloud logging ... try installing litlogger" advertisement, at every start;
+- PyTorch's "`isinstance(treespec, LeafSpec)` is deprecated" FutureWarning, which Lightning's own
+  ``_pytree`` helper triggers once in every process;
+- Lightning's "`weights_only` was not set, defaulting to `False`." when a checkpoint is saved on Ctrl-C.
+
+The model summary leaves out its FLOPs column when it has no FLOPs to show: Lightning counts them only for a
+model with an ``example_input_array``, and prints a column of zeros otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import lightning_utilities.core.rank_zero as rank_zero_module
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
+
+DROPPED_LOG_LINES = {
+    # logger name: the start of each message dropped from it
+    "lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
+    "lightning.fabric.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
+    "lightning.pytorch.trainer.connectors.checkpoint_connector": ("`weights_only` was not set, defaulting to `False`",),
+}
+DROPPED_WARNINGS = [(r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)]
+
+
+class DropMessages(logging.Filter):
+    """A logging filter that drops the records whose message starts with one of ``starts``."""
+
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+def quiet_console() -> None:
+    """Install the filters above (once per process; calling it again changes nothing)."""
+    loggers = {name: logging.getLogger(name) for name in DROPPED_LOG_LINES}
+    loggers[rank_zero_module.log.name] = rank_zero_module.log  # whichever of the two rank_zero loggers is in use
+    for name, logger in loggers.items():
+        starts = DROPPED_LOG_LINES.get(name, DROPPED_LOG_LINES["lightning.pytorch.utilities.rank_zero"])
+        if not any(isinstance(f, DropMessages) and f.starts == starts for f in logger.filters):
+            logger.addFilter(DropMessages(starts))
+    for message, category in DROPPED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
+
+class Summary(RichModelSummary):
+    """Lightning's rich model summary, without the FLOPs column and total when there are no FLOPs to show."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if total_flops:
+            return RichModelSummary.summarize(
+                summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                total_flops, **summarize_kwargs,
+            )  # fmt: skip
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            justify = "right" if name in ("Params", "Params per Device", "In sizes", "Out sizes") else "left"
+            table.add_column(name, justify=justify, style="dim" if name == " " else None)
+        for row in zip(*(values for _, values in columns), strict=True):
+            table.add_row(*row)
+        console = get_console()
+        console.print(table)
+        grid = Table.grid(expand=True)
+        grid.add_column()
+        for label, value in (
+            ("Trainable params", get_human_readable_count(int(trainable_parameters))),
+            ("Non-trainable params", get_human_readable_count(int(total_parameters - trainable_parameters))),
+            ("Total params", get_human_readable_count(int(total_parameters))),
+            ("Total estimated model params size (MB)", get_formatted_model_size(model_size)),
+            ("Modules in train mode", total_training_modes["train"]),
+            ("Modules in eval mode", total_training_modes["eval"]),
+        ):
+            grid.add_row(f"[bold]{label}[/]: {value}")
+        console.print(grid)
+
+
+def use_quiet_summary(trainer: Trainer) -> None:
+    """Replace Lightning's model summary (its default, or one in the config) by ``Summary``, at the same depth."""
+    for i, callback in enumerate(trainer.callbacks):
+        if type(callback) in (ModelSummary, RichModelSummary):
+            trainer.callbacks[i] = Summary(max_depth=callback._max_depth, **callback._summarize_kwargs)
