@@ -6,8 +6,8 @@
 Each argument is a run folder (its newest version_N is read) or a version_N folder. The epoch-end losses on
 the whole training and validation sets (``loss/train``, ``loss/val``) become the figure's lines and the
 table's rows; ``loss/unigram_baseline`` is the dotted line. Runs of different depths (counted from their
-``grad_norm/block_i`` tags) are drawn in panels side by side, each legend below its panel. Runs named like the chapter's configs
-(residual, no_residual, residual_8, no_residual_8) print the book's values beside ours.
+``grad_norm/block_i`` tags) are drawn in panels side by side, each legend below its panel. Runs named like
+the chapter's configs (residual, no_residual, residual_8, no_residual_8) print the book's values beside ours.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def depth(scalars: dict[str, list[tuple[int, float]]]) -> int | None:
     return max(blocks) if blocks else None
 
 
-def draw(runs: dict[str, dict[str, list[tuple[int, float]]]], out: Path) -> None:
+def figure(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> plt.Figure:
     """One panel per depth (the 4-block pair beside the 8-block pair), each with its legend below the axes."""
     panels: dict[int | None, list[str]] = {}
     for name, scalars in runs.items():
@@ -128,6 +128,11 @@ def draw(runs: dict[str, dict[str, list[tuple[int, float]]]], out: Path) -> None
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize="small", frameon=False)
     axes[0][0].set_ylabel("loss (nats)")
     fig.suptitle("Loss on the whole training and validation sets, every epoch")
+    return fig
+
+
+def draw(runs: dict[str, dict[str, list[tuple[int, float]]]], out: Path) -> None:
+    fig = figure(runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
