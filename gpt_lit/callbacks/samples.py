@@ -13,9 +13,11 @@ from gpt_lit.tokenizer import get_tokenizer
 
 
 def sample_markdown(prompt: str, text: str) -> str:
-    """The Text tab's entry: the prompt in bold, then the whole text as a code block (keeps line breaks)."""
-    block = "\n".join("    " + line for line in text.splitlines())
-    return f"**{prompt}** →\n\n{block}"
+    """The Text tab's entry: the prompt in bold, then the whole text as one code line, each line break shown as ↵.
+
+    An early model often writes nothing but line breaks; drawn as breaks, its entry would look empty.
+    """
+    return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
 
 
 class Samples(Callback):
