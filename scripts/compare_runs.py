@@ -5,8 +5,9 @@
 
 Each argument is a run folder (its newest version_N is read) or a version_N folder. The epoch-end losses on
 the whole training and validation sets (``loss/train``, ``loss/val``) become the figure's lines and the
-table's rows; ``loss/unigram_baseline`` is the dotted line. Runs named like the chapter's configs
-(residual, no_residual, residual_8, no_residual_8) print the book's values beside ours.
+table's rows; ``loss/unigram_baseline`` is the dotted line. Runs of different depths (counted from their
+``grad_norm/block_i`` tags) are drawn in panels side by side, each legend below its panel. Runs named like
+the chapter's configs (residual, no_residual, residual_8, no_residual_8) print the book's values beside ours.
 """
 
 from __future__ import annotations
@@ -88,32 +89,50 @@ def load_runs(paths: list[Path]) -> dict[str, dict[str, list[tuple[int, float]]]
     return runs
 
 
-def draw(runs: dict[str, dict[str, list[tuple[int, float]]]], out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def depth(scalars: dict[str, list[tuple[int, float]]]) -> int | None:
+    """The run's number of blocks, from its per-block diagnostics (``grad_norm/block_i``), if it logged them."""
+    blocks = [int(m.group(1)) for tag in scalars if (m := re.fullmatch(r"grad_norm/block_(\d+)", tag))]
+    return max(blocks) if blocks else None
+
+
+def figure(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> plt.Figure:
+    """One panel per depth (the 4-block pair beside the 8-block pair), each with its legend below the axes."""
+    panels: dict[int | None, list[str]] = {}
+    for name, scalars in runs.items():
+        panels.setdefault(depth(scalars), []).append(name)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6.5 * len(panels), 5.2), sharey=True, squeeze=False, layout="constrained"
+    )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (name, scalars) in enumerate(runs.items()):
-        color = colors[i % len(colors)]
-        for split, style in (("train", "-"), ("val", "--")):
-            points = scalars.get(SPLITS[split], [])
-            if points:
-                steps, values = zip(*points, strict=True)
-                ax.plot(steps, values, style, color=color, marker=".", label=f"{name}, {split}")
-    baselines = sorted({round(s[BASELINE_TAG][-1][1], 3) for s in runs.values() if BASELINE_TAG in s})
-    for value in baselines:
-        ax.axhline(value, linestyle=":", color="black", linewidth=1.2, label=f"unigram baseline {value:.3f}")
-        ax.annotate(
-            f"unigram baseline {value:.3f}",
-            (0.01, value),
-            xycoords=("axes fraction", "data"),
-            xytext=(0, 3),
-            textcoords="offset points",
-        )
-    ax.set_xlabel("training step")
-    ax.set_ylabel("loss (nats)")
-    ax.set_title("Loss on the whole training and validation sets, every epoch")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
+    for ax, (blocks, names) in zip(axes[0], sorted(panels.items(), key=lambda kv: kv[0] or 0), strict=True):
+        for i, name in enumerate(names):
+            scalars, color = runs[name], colors[i % len(colors)]
+            for split, style, label in (("train", "-", "train"), ("val", "--", "validation")):
+                points = scalars.get(SPLITS[split], [])
+                if points:
+                    steps, values = zip(*points, strict=True)
+                    ax.plot(steps, values, style, color=color, marker=".", label=f"{name}, {label}")
+        baselines = sorted({round(runs[n][BASELINE_TAG][-1][1], 3) for n in names if BASELINE_TAG in runs[n]})
+        for value in baselines:
+            ax.axhline(value, linestyle=":", color="black", linewidth=1.2, label=f"unigram baseline {value:.3f}")
+            ax.annotate(  # at the left, under the line: the first epochs' losses are far above it there
+                f"unigram baseline {value:.3f}",
+                (0.01, value),
+                xycoords=("axes fraction", "data"),
+                xytext=(0, -12),
+                textcoords="offset points",
+            )
+        ax.set_xlabel("training step")
+        ax.set_title(f"{blocks} blocks" if blocks else "loss")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize="small", frameon=False)
+    axes[0][0].set_ylabel("loss (nats)")
+    fig.suptitle("Loss on the whole training and validation sets, every epoch")
+    return fig
+
+
+def draw(runs: dict[str, dict[str, list[tuple[int, float]]]], out: Path) -> None:
+    fig = figure(runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -95,6 +95,16 @@ def residuals() -> None:
             f"{n:<8}{ex.BOOK_SIMILARITY[n, True]:>21.3f} | {with_:<6.3f}{ex.BOOK_SIMILARITY[n, False]:>15.3f} | "
             f"{without:.3f}"
         )
+    similarity_by_block(runs[12, True], runs[12, False])
+
+
+def similarity_by_block(with_: ex.ResidualExperiment, without: ex.ResidualExperiment) -> None:
+    """The similarity after every block of the 12-block models: how it grows with depth without residuals."""
+    n = len(with_.similarity_by_block)
+    print(f"\nThe same similarity after each block ({n} blocks; the last column is the table's)")
+    print(f"{'Block':<16}" + " ".join(f"{i:>5}" for i in range(1, n + 1)))
+    print(f"{'With residuals':<16}{numbers(with_.similarity_by_block, '5.3f')}")
+    print(f"{'Without':<16}{numbers(without.similarity_by_block, '5.3f')}")
 
 
 def untrained(model: GPT) -> None:

@@ -46,7 +46,7 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     for tag in ("loss/train_step", "grad_norm/block_1", "grad_norm/block_2"):
         assert [s for s, _ in logged[tag]] == [0, 1, 2], tag  # each step once, not once per process
     assert [s for s, _ in logged["loss/val"]] == [2]
-    assert [s for s, _ in logged["similarity/positions"]] == [0, 3]
+    assert [s for s, _ in logged["similarity/positions"]] == [0, 2]  # the start, then at loss/val's step
 
     # The epoch's validation loss is over the whole set, both processes' halves: one process evaluating
     # the same checkpoint on the whole set gets the same number.

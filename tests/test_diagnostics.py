@@ -1,39 +1,68 @@
-"""The chapter's three diagnostics, as a user sees them: in the TensorBoard event file of a tiny `fit`."""
+"""The chapter's diagnostics, as a user sees them: in the TensorBoard event file of a tiny `fit`.
+
+One fit with every diagnostic callback (3 blocks, 2 epochs of 2 steps, logging every 2nd step); each test
+reads what TensorBoard would show from the run's event file.
+"""
 
 from __future__ import annotations
 
+import io
 import math
+import re
 from collections import Counter
 
 import lightning as L
+import matplotlib.image
 import pytest
+import torch
 from conftest import QUIET_TRAINER
 from lightning.pytorch.loggers import TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
+from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, TENSORS, EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import metadata as hp_metadata
 
-from gpt_lit.callbacks import BlockGradNorms, PositionSimilarity, UnigramBaseline
+from gpt_lit.callbacks import (
+    BlockGradNorms,
+    ChapterFigures,
+    PositionSimilarity,
+    RunsTable,
+    Samples,
+    UnigramBaseline,
+    mean_position_similarity,
+)
 from gpt_lit.data import TimeMachineData, default_data_dir, load_book
-from gpt_lit.model import GPTConfig
+from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
 
 N_LAYERS = 3
 CLIP = 1e-3  # clip the total gradient norm far below any block's: the logged norms must be from before clipping
+PROMPTS = ["The Time Traveller", "I saw"]
+NEW_TOKENS = 8
+EPOCH_ENDS = [1, 3]  # 2 steps an epoch: self.log puts the epoch-end losses at the last step's index
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory) -> EventAccumulator:
-    """2 epochs of 2 steps (4 steps), logging every 2nd step, then the run's event file."""
+def run(tmp_path_factory):
+    """The fitted trainer, its module and data, and the run's event file."""
     tmp_path = tmp_path_factory.mktemp("fit")
     L.seed_everything(123)
     data = TimeMachineData(context_length=32, batch_size=4, eval_batch_size=8)
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=N_LAYERS, n_heads=2))
     logger = TensorBoardLogger(tmp_path, name="tiny", default_hp_metric=False)
+    callbacks = [
+        BlockGradNorms(),
+        PositionSimilarity(num_sequences=2),
+        UnigramBaseline(),
+        ChapterFigures(),
+        Samples(PROMPTS, max_new_tokens=NEW_TOKENS),
+        RunsTable(),
+    ]
     trainer = L.Trainer(
         default_root_dir=tmp_path,
         logger=logger,
-        callbacks=[BlockGradNorms(), PositionSimilarity(num_sequences=2), UnigramBaseline()],
+        callbacks=callbacks,
         max_epochs=2,
         limit_train_batches=2,
         limit_val_batches=1,
@@ -42,44 +71,156 @@ def events(tmp_path_factory) -> EventAccumulator:
         gradient_clip_val=CLIP,
     )
     trainer.fit(model, data)
-    acc = EventAccumulator(logger.log_dir, size_guidance={SCALARS: 0, TENSORS: 0})
+    acc = EventAccumulator(logger.log_dir, size_guidance={SCALARS: 0, TENSORS: 0, IMAGES: 0})
     acc.Reload()
-    return acc
+    return trainer, model, data, acc
+
+
+@pytest.fixture(scope="module")
+def events(run) -> EventAccumulator:
+    return run[3]
 
 
 def steps(events: EventAccumulator, tag: str) -> list[int]:
     return [e.step for e in events.Scalars(tag)]
 
 
+def values(events: EventAccumulator, tag: str) -> list[float]:
+    return [e.value for e in events.Scalars(tag)]
+
+
 def test_gradient_norm_of_every_block_on_logging_steps_only(events):
     tags = sorted(t for t in events.Tags()[SCALARS] if t.startswith("grad_norm/"))
     assert tags == [f"grad_norm/block_{i}" for i in range(1, N_LAYERS + 1)]
     for tag in tags:
-        norms = [e.value for e in events.Scalars(tag)]
+        norms = values(events, tag)
         assert len(norms) == 2, tag  # 4 steps, log_every_n_steps=2
         assert all(math.isfinite(g) and g > 10 * CLIP for g in norms), (tag, norms)  # measured before clipping
 
 
-def test_position_similarity_at_the_start_and_after_every_epoch(events):
-    assert steps(events, "similarity/positions") == [0, 2, 4]
-    assert all(-1.0 <= e.value <= 1.0 for e in events.Scalars("similarity/positions"))
+def test_every_tag_of_an_epochs_end_shares_the_step_of_the_validation_loss(events):
+    assert steps(events, "loss/val") == EPOCH_ENDS and steps(events, "loss/train") == EPOCH_ENDS
+    assert steps(events, "loss/val_best") == EPOCH_ENDS
+    for tag in ["similarity/positions", *(f"similarity/block_{i}" for i in range(1, N_LAYERS + 1))]:
+        assert steps(events, tag) == [0, *EPOCH_ENDS], tag  # at the start, then with each epoch's losses
+    for tag in events.Tags()[IMAGES]:
+        assert [e.step for e in events.Images(tag)] == EPOCH_ENDS, tag
+    for prompt in PROMPTS:
+        assert [e.step for e in events.Tensors(f"samples/{prompt}/text_summary")] == [0, *EPOCH_ENDS]
+
+
+def by_hand_block_similarities(module: GPTLightning, idx: torch.Tensor) -> list[float]:
+    """Embeddings, then the blocks one by one, in eval mode: the similarity between positions after each."""
+    gpt = module.model.eval()
+    with torch.no_grad():
+        x = gpt.tok_emb(idx) + gpt.pos_emb(torch.arange(idx.shape[1]))
+        sims = []
+        for block in gpt.blocks:
+            x = block(x)
+            sims.append(mean_position_similarity(x).item())
+    return sims
+
+
+def test_similarity_after_every_block_the_last_is_the_top_of_the_stack(run):
+    _, module, data, events = run
+    tags = sorted(t for t in events.Tags()[SCALARS] if t.startswith("similarity/block_"))
+    assert tags == [f"similarity/block_{i}" for i in range(1, N_LAYERS + 1)]
+    top = values(events, "similarity/positions")
+    assert values(events, f"similarity/block_{N_LAYERS}") == top  # block N's output is the top of the stack
+    assert all(-1.0 <= v <= 1.0 for tag in tags for v in values(events, tag))
+    # After training, the same 2 validation windows through the blocks by hand give the last logged values.
+    expected = by_hand_block_similarities(module, torch.stack([data.val_set[i][0] for i in range(2)]))
+    assert [values(events, tag)[-1] for tag in tags] == pytest.approx(expected, abs=1e-5)
 
 
 def test_unigram_baseline_is_the_entropy_of_the_books_token_frequencies(events):
     ids = get_tokenizer().encode(load_book(default_data_dir()))
     n = len(ids)
     entropy = -math.fsum(c / n * math.log(c / n) for c in Counter(ids).values())
-    logged = [e.value for e in events.Scalars("loss/unigram_baseline")]
+    logged = values(events, "loss/unigram_baseline")
     assert steps(events, "loss/unigram_baseline") == [0, 1, 3]  # at the start, then on the logging steps
     assert all(v == pytest.approx(entropy, abs=1e-6) for v in logged)
     assert abs(entropy - 6.346) < 0.01  # the chapter prints 6.346 for its copy of the book
 
 
-def test_custom_scalars_layout_puts_the_losses_and_the_baseline_on_one_chart(events):
-    assert metadata.CONFIG_SUMMARY_TAG in events.PluginTagToContent(metadata.PLUGIN_NAME)
+def custom_scalar_charts(events: EventAccumulator) -> dict[str, list[str]]:
     layout = layout_pb2.Layout()
     layout.ParseFromString(events.Tensors(metadata.CONFIG_SUMMARY_TAG)[0].tensor_proto.string_val[0])
-    charts = [list(chart.multiline.tag) for category in layout.category for chart in category.chart]
-    assert any({"loss/train", "loss/val", "loss/unigram_baseline"} <= set(tags) for tags in charts), charts
-    scalars = set(events.Tags()[SCALARS])
-    assert {"loss/train", "loss/val", "loss/unigram_baseline"} <= scalars  # the chart's series exist
+    return {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+
+
+def test_each_custom_scalars_chart_draws_exactly_the_tags_it_names(events):
+    charts = custom_scalar_charts(events)
+    blocks = range(1, N_LAYERS + 1)
+    wanted = {
+        "loss (whole sets, per epoch) and the unigram floor": {"loss/train", "loss/val", "loss/unigram_baseline"},
+        "training loss per step (with dropout) and the unigram floor": {"loss/train_step", "loss/unigram_baseline"},
+        "gradient norm of each block's ffn.fc.weight": {f"grad_norm/block_{i}" for i in blocks},
+        "similarity between positions after each block": {f"similarity/block_{i}" for i in blocks},
+    }
+    assert set(charts) == set(wanted)
+    scalars = events.Tags()[SCALARS]
+    for title, patterns in charts.items():
+        # TensorBoard searches each pattern anywhere in each tag, as re.search does
+        drawn = {tag for tag in scalars if any(re.search(p, tag) for p in patterns)}
+        assert drawn == wanted[title], title
+    per_epoch = charts["loss (whole sets, per epoch) and the unigram floor"]
+    assert not any(re.search(p, "loss/train_step") for p in per_epoch)
+
+
+def test_the_chapters_three_figures_are_images_every_epoch(events):
+    figures = sorted(t for t in events.Tags()[IMAGES] if t.startswith("figures/"))
+    assert figures == ["figures/grad_norm_by_block", "figures/losses", "figures/similarity_by_block"]
+    for tag in figures:
+        image = events.Images(tag)[-1]
+        pixels = matplotlib.image.imread(io.BytesIO(image.encoded_image_string), format="png")  # a real PNG
+        assert pixels.shape[:2] == (image.height, image.width) and image.width >= 600, tag
+        assert pixels.std() > 0.05, tag  # something is drawn on it
+
+
+def test_the_text_tab_holds_each_prompts_greedy_continuation(run):
+    _, module, _, events = run
+    enc = get_tokenizer()
+    for prompt in PROMPTS:
+        logged = [e.tensor_proto.string_val[0].decode() for e in events.Tensors(f"samples/{prompt}/text_summary")]
+        # The trained model, continued greedily by the chapter's generate, wrote the last epoch's entry.
+        out = generate(module.model, torch.tensor([enc.encode(prompt)]), NEW_TOKENS)
+        text = enc.decode(out[0].tolist())
+        assert len(text) > len(prompt)
+        assert logged[-1] == f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"  # line breaks shown as ↵
+
+
+def test_samples_leave_the_training_mode_and_the_random_state_as_they_were():
+    module = GPTLightning(GPTConfig(vocab_size=50257, context_length=16, emb_dim=16, n_layers=1, n_heads=2))
+    module.train()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    texts = Samples(["I saw"], max_new_tokens=3).continuations(module)
+    assert module.training and module.model.training and all(m.training for m in module.modules())
+    assert torch.equal(torch.get_rng_state(), before)
+    assert texts[0].startswith("I saw") and len(get_tokenizer().encode(texts[0])) == 2 + 3
+
+
+def hparams_data(events: EventAccumulator, tag: str, parse):
+    return parse(events.PluginTagToContent(hp_metadata.PLUGIN_NAME)[tag])
+
+
+def test_the_hparams_tab_holds_the_runs_settings_and_its_final_losses(run):
+    trainer, _, _, events = run
+    experiment = hparams_data(events, hp_metadata.EXPERIMENT_TAG, hp_metadata.parse_experiment_plugin_data)
+    start = hparams_data(events, hp_metadata.SESSION_START_INFO_TAG, hp_metadata.parse_session_start_info_plugin_data)
+    end = hparams_data(events, hp_metadata.SESSION_END_INFO_TAG, hp_metadata.parse_session_end_info_plugin_data)
+    settings = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}  # a protobuf Value
+    assert settings == {
+        "n_layers": 3, "residual": True, "emb_dim": 32, "n_heads": 2, "dropout": pytest.approx(0.1),
+        "lr": pytest.approx(4e-4), "batch_size": 4, "context_length": 32, "precision": "32-true",
+        "seed_everything": 123, "data.seed": 123,
+    }  # fmt: skip
+    assert {h.name for h in experiment.hparam_infos} == set(settings)
+    metrics = [m.name.tag for m in experiment.metric_infos]
+    assert metrics == ["loss/train", "loss/val", "loss/val_best"]
+    assert end.status == api_pb2.STATUS_SUCCESS
+    # The table shows each metric's last scalar: the final losses, and the lowest validation loss.
+    assert values(events, "loss/train")[-1] == pytest.approx(float(trainer.callback_metrics["loss/train"]))
+    assert values(events, "loss/val")[-1] == pytest.approx(float(trainer.callback_metrics["loss/val"]))
+    assert values(events, "loss/val_best")[-1] == pytest.approx(min(values(events, "loss/val")))

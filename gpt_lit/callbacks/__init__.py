@@ -1,21 +1,28 @@
 """The chapter's diagnostics, each its own small Callback; the predict writer; the safety nets the CLI always adds."""
 
+from gpt_lit.callbacks.figures import ChapterFigures
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.grad_norms import BlockGradNorms
 from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.predictions import ContinuationWriter
 from gpt_lit.callbacks.rng_state import RNGState
-from gpt_lit.callbacks.similarity import PositionSimilarity, mean_position_similarity
+from gpt_lit.callbacks.runs_table import RunsTable
+from gpt_lit.callbacks.samples import Samples
+from gpt_lit.callbacks.similarity import PositionSimilarity, block_similarities, mean_position_similarity
 from gpt_lit.callbacks.unigram import UnigramBaseline, unigram_entropy
 
 __all__ = [
     "BlockGradNorms",
+    "ChapterFigures",
     "ContinuationWriter",
     "FiniteLoss",
     "InterruptCheckpoint",
     "PositionSimilarity",
     "RNGState",
+    "RunsTable",
+    "Samples",
     "UnigramBaseline",
+    "block_similarities",
     "mean_position_similarity",
     "unigram_entropy",
 ]

@@ -15,6 +15,30 @@ def unigram_entropy(ids: torch.Tensor) -> float:
     return float(-(p * p.log()).sum())
 
 
+def chart_layout() -> dict[str, dict[str, list]]:
+    """The Custom Scalars tab: category -> chart title -> ["Multiline", regular expressions of its tags].
+
+    TensorBoard matches each pattern anywhere in a tag (``loss/train`` would also match ``loss/train_step``),
+    so every pattern is anchored: each chart draws exactly the tags its title names.
+    """
+    return {
+        "The chapter's figure": {
+            "loss (whole sets, per epoch) and the unigram floor": [
+                "Multiline",
+                ["^loss/train$", "^loss/val$", "^loss/unigram_baseline$"],
+            ],
+            "training loss per step (with dropout) and the unigram floor": [
+                "Multiline",
+                ["^loss/train_step$", "^loss/unigram_baseline$"],
+            ],
+        },
+        "Depth: one line per block": {
+            "gradient norm of each block's ffn.fc.weight": ["Multiline", [r"^grad_norm/block_\d+$"]],
+            "similarity between positions after each block": ["Multiline", [r"^similarity/block_\d+$"]],
+        },
+    }
+
+
 class UnigramBaseline(Callback):
     def __init__(self, chart: bool = True):
         """Log ``loss/unigram_baseline`` (the book's unigram entropy) on every logging step, a flat line.
@@ -22,9 +46,10 @@ class UnigramBaseline(Callback):
         Computed once from the data module's tokens of the whole book (6.35 nats; the chapter prints 6.346).
 
         Args:
-            chart: Add a TensorBoard custom-scalars layout that draws the whole-set training and
-                validation losses and this floor on one chart ("Custom Scalars" tab), like the chapter's
-                figure.
+            chart: Add the TensorBoard custom-scalars layout (``chart_layout``, the "Custom Scalars" tab): the
+                whole-set training and validation losses and this floor on one chart, like the chapter's
+                figure; the per-step loss with the floor; every block's gradient norm on one chart; every
+                block's similarity between positions on one chart.
         """
         self.chart = chart
         self.value: float | None = None
@@ -34,17 +59,7 @@ class UnigramBaseline(Callback):
         if self.chart and trainer.is_global_zero:
             for logger in trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
-                    logger.experiment.add_custom_scalars(
-                        {
-                            "The chapter's figure": {
-                                "loss (whole sets, per epoch) and the unigram floor": [
-                                    "Multiline",
-                                    ["loss/train", "loss/val", "loss/unigram_baseline"],
-                                ],
-                                "training loss per step": ["Multiline", ["loss/train_step", "loss/unigram_baseline"]],
-                            }
-                        }
-                    )
+                    logger.experiment.add_custom_scalars(chart_layout())
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.logger is not None:  # step 0, so the line is drawn even in runs shorter than one logging step

@@ -1,0 +1,137 @@
+"""The chapter's figures, redrawn after every epoch into TensorBoard's Images tab."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+from lightning.pytorch.callbacks import Callback
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure  # a bare Figure on the Agg canvas: no pyplot, no GUI backend, no global state
+from matplotlib.ticker import MaxNLocator
+
+from gpt_lit.callbacks.similarity import PositionSimilarity
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
+from gpt_lit.callbacks.unigram import unigram_entropy
+
+# The chapter's figure: train solid, validation dashed, one colour per model kind, the floor dotted black.
+RUN_COLOURS = {True: "tab:blue", False: "tab:orange"}  # with residuals / without
+RUN_LABELS = {True: "with residuals", False: "without"}
+FIGSIZE, DPI = (7.0, 4.0), 100  # 700 x 400 pixels: readable at the Images tab's default size
+
+
+def loss_figure(epochs: list[dict[str, Any]], floor: float | None, residual: bool = True) -> Figure:
+    """Whole-set training and validation loss after each epoch against the training step, the floor dotted."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    colour, name = RUN_COLOURS[residual], RUN_LABELS[residual]
+    for key, style, label in (("train", "-", "train"), ("val", "--", "validation")):
+        points = [(e["step"], e[key]) for e in epochs if e.get(key) is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, style, color=colour, marker="o", markersize=4, label=f"{name}, {label}")
+    if floor is not None:
+        ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title("Loss on the whole training and validation sets, after each epoch")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside the axes, off the data
+    return fig
+
+
+def grad_norm_figure(norms: list[float], step: int) -> Figure:
+    """Gradient norm of each block's measured weight against the block's depth (the chapter's table as a line)."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    blocks = list(range(1, len(norms) + 1))
+    ax.plot(blocks, norms, "-o", color="tab:green")
+    ax.set_xticks(blocks)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("block")
+    ax.set_ylabel("gradient norm (L2) of ffn.fc.weight")
+    ax.set_title(f"Gradient norm of each block, training step {step}")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def similarity_figure(history: list[dict[str, Any]]) -> Figure:
+    """Similarity between positions against the block's depth, one line per epoch so far (dark: the start)."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"]
+    last = max(len(history) - 1, 1)
+    for i, point in enumerate(history):
+        blocks = list(range(1, len(point["blocks"]) + 1))
+        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch']}"
+        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
+    if history:
+        ax.set_xticks(list(range(1, len(history[0]["blocks"]) + 1)))
+    ax.set_ylim(top=1.02)
+    ax.set_xlabel("block")
+    ax.set_ylabel("mean cosine similarity between positions")
+    ax.set_title("Similarity between positions after each block (1: all positions alike)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return fig
+
+
+def figure_pixels(fig: Figure) -> np.ndarray:
+    """The figure drawn by matplotlib's Agg canvas: (height, width, 3) uint8 RGB."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
+
+
+class ChapterFigures(Callback):
+    def __init__(self) -> None:
+        """Draw the chapter's figures into TensorBoard's Images tab after every epoch, at the step of ``loss/val``.
+
+        ``figures/losses``: whole-set training and validation loss per epoch and the unigram floor (dotted),
+        coloured and labelled like the chapter's figure. ``figures/grad_norm_by_block``: the gradient norm of
+        each block against its depth, at the latest logged step (needs ``BlockGradNorms``).
+        ``figures/similarity_by_block``: the similarity between positions against depth, one line per epoch
+        so far (needs ``PositionSimilarity``, listed before this callback). Drawn with matplotlib's Agg canvas
+        on the main process only; the losses seen so far are kept in checkpoints, so a resumed run's figure
+        is whole.
+        """
+        self.epochs: list[dict[str, Any]] = []  # {"epoch", "step", "train", "val"}
+        self.floor: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        ids = getattr(trainer.datamodule, "book_ids", None)
+        self.floor = unigram_entropy(ids) if ids is not None else None
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = tensorboard_writer(trainer)
+        if writer is None:
+            return
+        step, metrics = epoch_end_step(trainer), trainer.callback_metrics
+
+        def value(key: str) -> float | None:
+            return float(metrics[key]) if key in metrics else None
+
+        self.epochs.append({"epoch": trainer.current_epoch + 1, "step": step, "train": value("loss/train"),
+                            "val": value("loss/val")})  # fmt: skip
+        residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
+        self._add(writer, "figures/losses", loss_figure(self.epochs, self.floor, residual), step)
+        n_layers = len(pl_module.model.blocks)
+        norms = [value(f"grad_norm/block_{i}") for i in range(1, n_layers + 1)]
+        if all(v is not None for v in norms):
+            self._add(writer, "figures/grad_norm_by_block", grad_norm_figure(norms, step), step)
+        history = next((cb.history for cb in trainer.callbacks if isinstance(cb, PositionSimilarity)), [])
+        if history:
+            self._add(writer, "figures/similarity_by_block", similarity_figure(history), step)
+
+    @staticmethod
+    def _add(writer, tag: str, fig: Figure, step: int) -> None:
+        writer.add_image(tag, figure_pixels(fig), step, dataformats="HWC")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = list(state_dict.get("epochs", []))

@@ -1,0 +1,130 @@
+"""The runs table: each ``fit``'s defining settings and final losses in TensorBoard's HParams tab."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
+
+# The HParams tab's metric columns: TensorBoard shows each one's last scalar value in the session's run.
+METRICS = {
+    "loss/train": "final training loss (whole set)",
+    "loss/val": "final validation loss",
+    "loss/val_best": "best validation loss",
+}
+
+
+def run_settings(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, bool | float | str]:
+    """The settings that define a run of the chapter: the model's shape, the optimizer, the data, the seeds."""
+    cfg, dm = pl_module.model.cfg, trainer.datamodule
+    settings: dict[str, Any] = {
+        "n_layers": cfg.n_layers,
+        "residual": cfg.residual,
+        "emb_dim": cfg.emb_dim,
+        "n_heads": cfg.n_heads,
+        "dropout": cfg.dropout,
+        "lr": pl_module.hparams.get("lr"),
+        "batch_size": getattr(dm, "batch_size", None),
+        "context_length": getattr(dm, "context_length", cfg.context_length),
+        "precision": str(trainer.precision),
+        "seed_everything": os.environ.get("PL_GLOBAL_SEED"),  # set by seed_everything (LightningCLI's too)
+        "data.seed": getattr(dm, "seed", None),
+    }
+    if settings["seed_everything"] is not None:
+        settings["seed_everything"] = int(settings["seed_everything"])
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def hparams_summary(tag: str, data: plugin_data_pb2.HParamsPluginData) -> Summary:
+    """A summary holding HParams plugin data, as TensorBoard's hparams plugin reads it."""
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))])
+
+
+def experiment_summary(settings: dict[str, bool | float | str]) -> Summary:
+    """Which settings are the table's columns (and their types) and which scalar tags its metrics."""
+    types = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
+    experiment = api_pb2.Experiment(
+        hparam_infos=[
+            api_pb2.HParamInfo(name=k, type=types.get(type(v), api_pb2.DATA_TYPE_FLOAT64)) for k, v in settings.items()
+        ],
+        metric_infos=[
+            api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=tag, description=text)
+            for tag, text in METRICS.items()
+        ],
+    )
+    return hparams_summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment))
+
+
+def session_start_summary(settings: dict[str, bool | float | str]) -> Summary:
+    """This run's row: its settings' values."""
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+    for k, v in settings.items():
+        if isinstance(v, bool):
+            start.hparams[k].bool_value = v
+        elif isinstance(v, (int, float)):
+            start.hparams[k].number_value = v
+        else:
+            start.hparams[k].string_value = str(v)
+    return hparams_summary(metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start))
+
+
+def session_end_summary(status: int) -> Summary:
+    end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
+    return hparams_summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
+
+
+class RunsTable(Callback):
+    def __init__(self) -> None:
+        """Record the run in TensorBoard's HParams tab: one row per ``fit``, comparable across runs.
+
+        At the start: the settings that define a run (n_layers, residual, emb_dim, n_heads, dropout, lr,
+        batch_size, context_length, the trainer's precision, ``seed_everything`` and ``data.seed``); after
+        every epoch ``loss/val_best``, the lowest ``loss/val`` so far (kept in checkpoints); at the end, the
+        session's status. The table's metric columns are the last values of ``loss/train``, ``loss/val``
+        and ``loss/val_best``: with ``tensorboard --logdir lightning_logs``, the chapter's loss table of
+        every run. Lightning's ``log_hyperparams`` is not used: it also writes placeholder values into the
+        metrics' scalar tags.
+        """
+        self.best: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = tensorboard_writer(trainer)
+        if writer is not None:
+            settings = run_settings(trainer, pl_module)
+            writer._get_file_writer().add_summary(experiment_summary(settings))
+            writer._get_file_writer().add_summary(session_start_summary(settings))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        val = trainer.callback_metrics.get("loss/val")
+        if val is None:
+            return
+        self.best = float(val) if self.best is None else min(self.best, float(val))
+        if trainer.logger is not None:
+            trainer.logger.log_metrics({"loss/val_best": self.best}, step=epoch_end_step(trainer))
+
+    def _end(self, trainer: L.Trainer, status: int) -> None:
+        writer = tensorboard_writer(trainer)
+        if writer is not None:
+            writer._get_file_writer().add_summary(session_end_summary(status))
+            writer.flush()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end(trainer, api_pb2.STATUS_SUCCESS)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):  # stopped runs resume: no end yet
+            self._end(trainer, api_pb2.STATUS_FAILURE)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict.get("best")

@@ -1,0 +1,73 @@
+"""What the model writes as it learns: greedy continuations of fixed prompts in TensorBoard's Text tab."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
+from gpt_lit.errors import GptLitError
+from gpt_lit.model import generate
+from gpt_lit.tokenizer import get_tokenizer
+
+
+def sample_markdown(prompt: str, text: str) -> str:
+    """The Text tab's entry: the prompt in bold, then the whole text as one code line, each line break shown as ↵.
+
+    An early model often writes nothing but line breaks; drawn as breaks, its entry would look empty.
+    """
+    return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
+
+
+class Samples(Callback):
+    def __init__(self, prompts: list[str] | None = None, max_new_tokens: int = 30):
+        """Log each prompt's greedy continuation to the Text tab at the start and after every epoch.
+
+        One tag per prompt, ``samples/<prompt>``, one entry per epoch at the step of ``loss/val``, so the
+        Text tab shows gibberish turning into Wells. Uses the chapter's ``generate`` (greedy: argmax, no
+        random numbers drawn), in eval mode, then puts the model's training mode back; the global random
+        state is untouched, so resumed runs stay exact. On the main process only; skipped, with one logged
+        line, under strategies that shard the parameters.
+
+        Args:
+            prompts: Texts to continue; default "The Time Traveller" and "I saw".
+            max_new_tokens: Tokens generated after each prompt.
+        """
+        self.prompts = list(prompts) if prompts is not None else ["The Time Traveller", "I saw"]
+        for n, prompt in enumerate(self.prompts, 1):
+            if not prompt.strip():
+                raise GptLitError(f"Samples: prompt {n} is empty: give every prompt some text to continue")
+        if max_new_tokens < 1:
+            raise GptLitError(f"Samples.max_new_tokens must be at least 1, got {max_new_tokens}")
+        self.max_new_tokens = max_new_tokens
+        self.active = True
+
+    @torch.no_grad()
+    def continuations(self, pl_module: L.LightningModule) -> list[str]:
+        """Each prompt with its greedy continuation, decoded; the model's training mode is left as it was."""
+        enc, model = get_tokenizer(), pl_module.model
+        was_training = model.training
+        try:
+            texts = []
+            for prompt in self.prompts:
+                idx = torch.tensor([enc.encode(prompt, allowed_special="all")], device=pl_module.device)
+                texts.append(enc.decode(generate(model, idx, self.max_new_tokens)[0].tolist()))
+            return texts
+        finally:
+            model.train(was_training)  # generate() switches the model to eval mode and leaves it there
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        writer = tensorboard_writer(trainer)
+        if writer is None or not self.active:
+            return
+        for prompt, text in zip(self.prompts, self.continuations(pl_module), strict=True):
+            writer.add_text(f"samples/{prompt}", sample_markdown(prompt, text), step)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.active = not shards_parameters(trainer, "Samples")
+        if is_fresh_start(trainer):  # a resumed run logged its start already
+            self._log(trainer, pl_module, 0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(trainer, pl_module, epoch_end_step(trainer))
