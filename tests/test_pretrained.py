@@ -140,12 +140,15 @@ def test_a_context_of_256_keeps_the_first_256_of_1024_positions(tmp_path):
 
 def test_the_finetune_config_fits_gpt2_124m(tmp_path):
     GPT2Config().save_pretrained(tmp_path)  # GPT-2 124M's config.json
-    config = yaml.safe_load((REPO / "configs/gpt2_124m_finetune.yaml").read_text())
+    config_text = (REPO / "configs/gpt2_124m_finetune.yaml").read_text()
+    config = yaml.safe_load(config_text)
     model, data, trainer = config["model"], config["data"], config["trainer"]
     cfg = GPTConfig(**model["config"], context_length=data["context_length"])
     check_config("gpt2_124m_finetune.yaml", read_config(tmp_path), cfg)  # a GptLitError if it did not fit
     assert model["init_from"] == "gpt2" and model["lr"] < 4e-4  # the released weights, a gentler lr
-    assert data["context_length"] <= 256 and trainer["precision"] == "bf16-mixed" and trainer["max_epochs"] <= 5
+    assert data["context_length"] <= 256 and trainer["max_epochs"] <= 5
+    # fp32 runs everywhere; bf16 is one option away where the device has it
+    assert trainer["precision"] == "32-true" and "--trainer.precision bf16-mixed" in config_text
 
 
 class Losses(Callback):
