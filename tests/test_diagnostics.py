@@ -217,6 +217,8 @@ def test_the_hparams_tab_holds_the_runs_settings_and_its_final_losses(run):
         "seed_everything": 123, "data.seed": 123,
     }  # fmt: skip
     assert {h.name for h in experiment.hparam_infos} == set(settings)
+    shown_first = {h.name for h in experiment.hparam_infos if h.differs}  # TensorBoard shows these columns first
+    assert shown_first == {"n_layers", "residual", "lr", "precision", "seed_everything"}
     metrics = [m.name.tag for m in experiment.metric_infos]
     assert metrics == ["loss/train", "loss/val", "loss/val_best"]
     assert end.status == api_pb2.STATUS_SUCCESS

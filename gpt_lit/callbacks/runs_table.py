@@ -48,12 +48,17 @@ def hparams_summary(tag: str, data: plugin_data_pb2.HParamsPluginData) -> Summar
     return Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))])
 
 
-def experiment_summary(settings: dict[str, bool | float | str]) -> Summary:
-    """Which settings are the table's columns (and their types) and which scalar tags its metrics."""
+def experiment_summary(settings: dict[str, bool | float | str], first: list[str] = ()) -> Summary:
+    """Which settings are the table's columns (and their types) and which scalar tags its metrics.
+
+    The settings named in ``first`` are marked as the ones that differ between runs: TensorBoard lists those
+    first and shows the first five columns (the others are ticked in the tab's left pane).
+    """
     types = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
     experiment = api_pb2.Experiment(
         hparam_infos=[
-            api_pb2.HParamInfo(name=k, type=types.get(type(v), api_pb2.DATA_TYPE_FLOAT64)) for k, v in settings.items()
+            api_pb2.HParamInfo(name=k, type=types.get(type(v), api_pb2.DATA_TYPE_FLOAT64), differs=k in first)
+            for k, v in settings.items()
         ],
         metric_infos=[
             api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=tag, description=text)
@@ -82,7 +87,7 @@ def session_end_summary(status: int) -> Summary:
 
 
 class RunsTable(Callback):
-    def __init__(self) -> None:
+    def __init__(self, first: list[str] | None = None) -> None:
         """Record the run in TensorBoard's HParams tab: one row per ``fit``, comparable across runs.
 
         At the start: the settings that define a run (n_layers, residual, emb_dim, n_heads, dropout, lr,
@@ -92,14 +97,19 @@ class RunsTable(Callback):
         and ``loss/val_best``: with ``tensorboard --logdir lightning_logs``, the chapter's loss table of
         every run. Lightning's ``log_hyperparams`` is not used: it also writes placeholder values into the
         metrics' scalar tags.
+
+        Args:
+            first: The settings shown first (TensorBoard shows five columns until more are ticked); default
+                n_layers, residual, lr, precision, seed_everything: what the chapter's runs vary.
         """
+        self.first = list(first or ["n_layers", "residual", "lr", "precision", "seed_everything"])
         self.best: float | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = tensorboard_writer(trainer)
         if writer is not None:
             settings = run_settings(trainer, pl_module)
-            writer._get_file_writer().add_summary(experiment_summary(settings))
+            writer._get_file_writer().add_summary(experiment_summary(settings, self.first))
             writer._get_file_writer().add_summary(session_start_summary(settings))
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+import torch.nn as nn
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
 from gpt_lit.errors import GptLitError
-from gpt_lit.model import generate
+from gpt_lit.model import GPT, generate
 from gpt_lit.tokenizer import get_tokenizer
 
 
@@ -18,6 +19,21 @@ def sample_markdown(prompt: str, text: str) -> str:
     An early model often writes nothing but line breaks; drawn as breaks, its entry would look empty.
     """
     return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
+
+
+class LastPositionLogits(nn.Module):
+    """The GPT as ``generate`` sees it, computing the output head for the last position only: (B, 1, vocab_size).
+
+    ``generate`` reads only ``logits[:, -1, :]``; the head over every position was most of its arithmetic
+    (a 256 x 50257 matmul per position) and gave the same last row.
+    """
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.gpt, self.cfg = gpt, gpt.cfg
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.gpt.head(self.gpt.final_norm(self.gpt.hidden_states(idx)[:, -1:]))
 
 
 class Samples(Callback):
@@ -52,7 +68,8 @@ class Samples(Callback):
             texts = []
             for prompt in self.prompts:
                 idx = torch.tensor([enc.encode(prompt, allowed_special="all")], device=pl_module.device)
-                texts.append(enc.decode(generate(model, idx, self.max_new_tokens)[0].tolist()))
+                out = generate(LastPositionLogits(model), idx, self.max_new_tokens)  # the chapter's greedy loop
+                texts.append(enc.decode(out[0].tolist()))
             return texts
         finally:
             model.train(was_training)  # generate() switches the model to eval mode and leaves it there
