@@ -199,10 +199,13 @@ class GPTLitCLI(LightningCLI):
         return f"; resume with: {command}"
 
 
-def _while_configuring(e: BaseException) -> bool:
-    """Whether ``e`` was raised while the CLI read the configuration and built the objects (not while running)."""
-    names = {frame.name for frame in traceback.extract_tb(e.__traceback__)}
-    return "_run_subcommand" not in names and bool(names & {"parse_arguments", "instantiate_classes"})
+def _about_the_configuration(e: BaseException) -> bool:
+    """Whether ``e`` says a configured value was refused: raised while the CLI read the configuration and built
+    the objects (GPTConfig's checks), or raised by Lightning itself checking its settings while running."""
+    frames = traceback.extract_tb(e.__traceback__)
+    names = {frame.name for frame in frames}
+    configuring = "_run_subcommand" not in names and bool(names & {"parse_arguments", "instantiate_classes"})
+    return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
 
 
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
@@ -232,8 +235,8 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:
-        if isinstance(e, (ValueError, TypeError)) and _while_configuring(e):
-            fail(e)  # a value the configuration gave that a class refused (GPTConfig's checks, Lightning's)
+        if isinstance(e, (ValueError, TypeError)) and _about_the_configuration(e):
+            fail(e)
         traceback.print_exc()
         command = " ".join(["python -m gpt_lit", *_COMMAND_LINE])
         print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
