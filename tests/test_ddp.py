@@ -46,7 +46,7 @@ class PoisonOneProcess(Callback):
 def gpt_lit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO)])}
     cmd = [sys.executable, "-m", "gpt_lit", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:

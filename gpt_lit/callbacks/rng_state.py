@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 from typing import Any
 
@@ -57,7 +58,10 @@ class RNGState(Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         # Every process builds the checkpoint (process 0 writes it), so every one takes part in the gather.
         if trainer.world_size > 1:
-            checkpoint["callbacks"][self.state_key] = {"ranks": gather_objects(trainer, rng_states())}
+            buffer = io.BytesIO()
+            torch.save(rng_states(), buffer)  # as bytes: all_gather_object cannot unpickle bare tensors here
+            states = [torch.load(io.BytesIO(b), weights_only=False) for b in gather_objects(trainer, buffer.getvalue())]
+            checkpoint["callbacks"][self.state_key] = {"ranks": states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.restored = state_dict
