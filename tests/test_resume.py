@@ -18,6 +18,8 @@ import torch
 from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gpt_lit.cli import main
+
 RUN = [
     "--config", str(REPO / "configs/residual.yaml"), *TINY,
     "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
@@ -174,7 +176,15 @@ def press_ctrl_c(tmp_path: Path, **where) -> tuple[subprocess.CompletedProcess, 
     return run, shlex.split(last_line.split("resume with: ")[1])
 
 
-def test_ctrl_c_finishes_the_step_and_resumes_exactly(tmp_path, uninterrupted):
+def resume_here(command: list[str], tmp_path: Path, monkeypatch) -> None:
+    """Run the printed resume command in this process (``main``, what the command runs), from the run's folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the config names ctrl_c_at.CtrlCAt
+    assert command[:3] == ["python", "-m", "gpt_lit"]
+    main(command[3:])
+
+
+def test_ctrl_c_finishes_the_step_and_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
     stopped, command = press_ctrl_c(tmp_path, step=4)
     assert stopped.stderr.count("finishing this step; Ctrl-C again to stop at once") == 1
     run = tmp_path / "lightning_logs" / "residual" / "version_0"
@@ -182,20 +192,18 @@ def test_ctrl_c_finishes_the_step_and_resumes_exactly(tmp_path, uninterrupted):
     assert state["global_step"] == 5  # step 4, in which Ctrl-C came, was finished
     assert [s for s, _ in scalars(run)["loss/train_step"]] == [0, 1, 2, 3, 4]  # and logged
 
-    resumed = gpt_lit(*command[3:], cwd=tmp_path, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume_here(command, tmp_path, monkeypatch)
     assert_same_losses(scalars(run), uninterrupted)
 
 
-def test_ctrl_c_during_the_evaluation_finishes_it_and_resumes_exactly(tmp_path, uninterrupted):
+def test_ctrl_c_during_the_evaluation_finishes_it_and_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
     stopped, command = press_ctrl_c(tmp_path, epoch=0)
     run = tmp_path / "lightning_logs" / "residual" / "version_0"
     state = torch.load(run / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=False)
     assert state["global_step"] == 3
     assert [s for s, _ in scalars(run)["loss/val"]] == [2]  # epoch 0's whole-set losses were finished
 
-    resumed = gpt_lit(*command[3:], cwd=tmp_path, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume_here(command, tmp_path, monkeypatch)
     assert_same_losses(scalars(run), uninterrupted)
 
 
