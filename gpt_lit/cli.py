@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,6 +37,7 @@ from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
+from gpt_lit.config_sources import where_from
 from gpt_lit.console import quiet_console, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError
@@ -73,13 +75,21 @@ def short_type_error(message: str) -> str:
     return f"{key[1]}: expected {names}, got {value[1]!r}"
 
 
+# The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
+_COMMAND_LINE: list[str] = []
+
+
 class GPTLitParser(LightningArgumentParser):
-    """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage."""
+    """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage,
+    naming the YAML file and line, or the command-line option, it came from."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
             super().error(message, ex)
-        fail(f"{short_type_error(one_line(message))} (--help lists the options)")
+        source = where_from(one_line(message), _COMMAND_LINE)
+        if " is not valid YAML: " in source:
+            fail(source)
+        fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")
 
 
 def _config_fields(config: Any) -> dict[str, Any]:
@@ -324,7 +334,9 @@ class GPTLitCLI(LightningCLI):
         except SystemExit as e:  # Lightning ends Ctrl-C with sys.exit(1) and SIGTERM with a SIGTERMException
             if self.trainer.state.status != TrainerStatus.INTERRUPTED:
                 raise
-            by = "SIGTERM" if isinstance(e, SIGTERMException) else "Ctrl-C"
+            # InterruptCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
+            stoppers = [cb.stopped_by for cb in self.trainer.callbacks if isinstance(cb, InterruptCheckpoint)]
+            by = stoppers[0] if stoppers else "SIGTERM" if isinstance(e, SIGTERMException) else "Ctrl-C"
             if rank_zero_only.rank == 0:
                 print(f"error: {subcommand} stopped by {by}{self._how_to_resume()}", file=sys.stderr)
             sys.exit(143 if by == "SIGTERM" else 130)
@@ -342,8 +354,24 @@ class GPTLitCLI(LightningCLI):
         return f"; resume with: {command}"
 
 
+def _about_the_configuration(e: BaseException) -> bool:
+    """Whether ``e`` says a configured value was refused: raised while the CLI read the configuration and built
+    the objects (GPTConfig's checks), or raised by Lightning itself checking its settings while running."""
+    frames = traceback.extract_tb(e.__traceback__)
+    names = {frame.name for frame in frames}
+    configuring = "_run_subcommand" not in names and bool(names & {"parse_arguments", "instantiate_classes"})
+    return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
+
+
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
-    """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run."""
+    """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
+
+    A mistake in the input (GptLitError, Lightning's MisconfigurationException, a bad value found while the
+    configuration is read) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
+    then a line saying what was running, status 1.
+    """
+    global _COMMAND_LINE
+    _COMMAND_LINE = list(sys.argv[1:] if args is None else args)
     try:
         return GPTLitCLI(
             GPTLightning,
@@ -355,12 +383,19 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             trainer_defaults={"callbacks": [FiniteLoss(), InterruptCheckpoint(), RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate and run the GPT of 'The transformer block'."},
         )
-    except (GptLitError, MisconfigurationException, ValueError) as e:
+    except (GptLitError, MisconfigurationException) as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
         if rank_zero_only.rank == 0:
             print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:
+        if isinstance(e, (ValueError, TypeError)) and _about_the_configuration(e):
+            fail(e)
+        traceback.print_exc()
+        command = " ".join(["python -m gpt_lit", *_COMMAND_LINE])
+        print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpt_lit.errors import GptLitError
@@ -149,7 +150,12 @@ class ResumableSampler(DistributedSampler):
 
 
 class Prompts(Dataset):
-    """Prompts for ``predict``, as token IDs, cropped to the last ``context_length`` tokens."""
+    """Prompts for ``predict``: item i is (i, the prompt's token IDs); the model sees the last ``context_length``.
+
+    The index travels with the prompt, so that under several processes, each continuing its share of the
+    prompts, the continuations are put back in the prompts' order and each prompt samples with its own
+    generator (``GPTLightning.predict_step``).
+    """
 
     def __init__(self, prompts: list[str], context_length: int):
         enc = get_tokenizer()
@@ -170,8 +176,8 @@ class Prompts(Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.ids[i]
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, self.ids[i]
 
 
 class TimeMachineData(L.LightningDataModule):
@@ -267,10 +273,15 @@ class TimeMachineData(L.LightningDataModule):
         return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
     def state_dict(self) -> dict[str, int]:
-        """Saved in every checkpoint: how far training got into the current epoch."""
+        """Saved in every checkpoint: how far training got into the current epoch.
+
+        The batches whose step has run (``processed``), not Lightning's ``completed``: a checkpoint taken in
+        ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``, ``train_time_interval``) is
+        saved after the step but before Lightning counts the batch as completed. Anywhere else the two agree.
+        """
         if self.trainer is None or self.trainer.state.fn != "fit":
             return {}
-        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return {"epoch": self.trainer.current_epoch, "batches_done": done}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -280,25 +291,40 @@ class TimeMachineData(L.LightningDataModule):
             # "your dataloader is not resumable" warning for mid-epoch checkpoints does not apply.
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
 
+    def _processes(self) -> tuple[int, int]:
+        """(number of processes, this one's rank): (1, 0) outside a Trainer."""
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+
     def train_dataloader(self) -> DataLoader:
         # A DistributedSampler (one replica when not distributed) shuffles by seed + epoch, so every epoch's
         # order is fixed by the seed alone: a resumed run continues with the same order, and a run resumed
         # mid-epoch skips the batches that epoch already had.
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        world, rank = self._processes()
         skip = (self.resume_at[0], self.resume_at[1] * self.batch_size) if self.resume_at else None
         sampler = ResumableSampler(
             self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed, skip=skip
         )
+        # The epoch the loader starts in, now: with data.num_workers > 0 the workers draw the sampler's
+        # indices as soon as Lightning makes the iterator, which for a resumed run is before its set_epoch.
+        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
         return self._loader(self.train_set, self.batch_size, sampler=sampler, drop_last=True)
 
+    def _eval_loader(self, ds: Dataset, batch_size: int) -> DataLoader:
+        # Every window exactly once across processes, in order: process r of n takes windows r, r+n, r+2n, ...
+        # Lightning's default for evaluation (a DistributedSampler) pads the shares to equal length by
+        # repeating windows, which would count some twice in the whole-set losses.
+        world, rank = self._processes()
+        sampler = UnrepeatedDistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False) if world > 1 else None
+        return self._loader(ds, batch_size, sampler=sampler)
+
     def val_dataloader(self) -> list[DataLoader]:
-        loaders = [self._loader(self.val_set, self.eval_batch_size)]
+        loaders = [self._eval_loader(self.val_set, self.eval_batch_size)]
         if self.eval_train:
-            loaders.append(self._loader(self.train_set, self.eval_batch_size))
+            loaders.append(self._eval_loader(self.train_set, self.eval_batch_size))
         return loaders
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.eval_batch_size)
+        return self._eval_loader(self.val_set, self.eval_batch_size)
 
     def predict_dataloader(self) -> DataLoader:
         prompts = list(self.prompts)
@@ -310,4 +336,10 @@ class TimeMachineData(L.LightningDataModule):
             prompts += [line for line in lines if line.strip()]
         if not prompts:
             raise GptLitError("predict needs prompts: set data.prompts in the config or data.prompts_file")
-        return self._loader(Prompts(prompts, self.context_length), 1)
+        world, _ = self._processes()
+        if len(prompts) < world:
+            raise GptLitError(
+                f"{len(prompts)} prompt(s) for {world} processes: predict continues each prompt on one process, so "
+                f"give at least {world} prompts, or run predict on one process (--trainer.devices 1)"
+            )
+        return self._eval_loader(Prompts(prompts, self.context_length), 1)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
+from gpt_lit.distributed import shards_parameters
+from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.ops import head_cross_entropy, keep_freed_memory
 from gpt_lit.pretrained import fetch, load_pretrained
@@ -46,16 +50,21 @@ class GPTLightning(L.LightningModule):
             fused_loss: Compute the output head and the cross-entropy together (``head_cross_entropy``):
                 fewer passes over the logits when training, and evaluation in chunks of rows, never holding
                 a whole batch's logits. Same losses as ``F.cross_entropy(model(x), y)`` to float rounding.
+                Not used under fp16 precision (16-mixed, 16-true) or a strategy that shards the parameters
+                (FSDP): there the loss is ``F.cross_entropy(model(x), y)``.
             fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA): one pass over all the parameters per
                 step instead of one per operation; on CPU 21 ms instead of 99 ms a step for the chapter's
-                model, the same update.
+                model, the same update. Under 16-mixed, and under bf16-mixed with gradient clipping, the
+                unfused AdamW is used (Lightning cannot unscale or clip before a fused step; said in the log).
             keep_cpu_memory: When running on CPU (Linux, glibc), keep freed memory in the process instead of
                 returning it to the OS every step (see ``keep_freed_memory``): removes most system time.
                 A process-wide setting; the process's memory then stays at its peak.
             tf32: On CUDA only, run fp32 matmuls as TF32 (``torch.set_float32_matmul_precision("high")``):
                 several times faster on Ampere and later GPUs, 10-bit mantissa products. Ignored on CPU.
             max_new_tokens: Tokens ``predict`` appends to each prompt.
-            temperature: 0 is greedy decoding, the chapter's; above 0 samples from softmax(logits / T).
+            temperature: 0 is greedy decoding, the chapter's; above 0 samples from softmax(logits / T), each
+                prompt with its own generator seeded from the run's seed and the prompt's number: the same
+                text for the same seed, whatever the number of processes (CPU and CUDA draw differently).
             top_k: When sampling, keep only the k most likely tokens (None: all).
             init_from: Start from GPT-2's released weights: a hub name (gpt2, gpt2-medium, gpt2-large,
                 gpt2-xl; downloaded once into Hugging Face's cache, needs ``pip install -e ".[hub]"``) or a
@@ -65,7 +74,7 @@ class GPTLightning(L.LightningModule):
         """
         super().__init__()
         if lr <= 0 or weight_decay < 0 or max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k <= 0):
-            raise ValueError("model.lr must be > 0; weight_decay, max_new_tokens, temperature >= 0; top_k > 0 or null")
+            raise GptLitError("model.lr must be > 0; weight_decay, max_new_tokens, temperature >= 0; top_k > 0 or null")
         self.save_hyperparameters()
         self.model = GPT(config)
         self.pretrained_loaded = False  # init_from's weights are copied in once, by setup()
@@ -94,9 +103,20 @@ class GPTLightning(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
+    def uses_fused_loss(self) -> bool:
+        """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""
+        if not self.hparams.fused_loss or self.hparams.compile:
+            return False
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        # It reads head.weight outside forward (a shard under FSDP), and under fp16 it would keep the softmax's
+        # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
+        return not shards_parameters(trainer) and not str(trainer.precision).startswith("16")
+
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T) inputs, (B, T) targets
-        if self.hparams.fused_loss and not self.hparams.compile:
+        if self.uses_fused_loss():
             h = self.model.final_norm(self.model.hidden_states(x))  # (B, T, emb_dim)
             return head_cross_entropy(h.flatten(0, 1), self.model.head.weight, y.flatten())
         logits = self.model(x)  # (B, T, vocab_size); bf16 under bf16-mixed, so the loss is taken in fp32
@@ -126,15 +146,38 @@ class GPTLightning(L.LightningModule):
         self.log_dict({"test/loss": loss, "test/perplexity": loss.exp()})
         self.test_loss.reset()
 
-    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> list[str]:
-        out = generate(self.model, batch, self.hparams.max_new_tokens, self.hparams.temperature, self.hparams.top_k)
-        enc = get_tokenizer()
-        return [enc.decode(row.tolist()) for row in out]
+    def on_predict_start(self) -> None:
+        # Process 0's seed (set by seed_everything), the same in every process.
+        self.predict_seed = self.trainer.strategy.broadcast(torch.initial_seed(), src=0)
+
+    def prompt_generator(self, index: int) -> torch.Generator:
+        """The generator prompt ``index`` samples with: seeded from the run's seed and the index alone."""
+        seed = int(np.random.SeedSequence([self.predict_seed, index]).generate_state(1, np.uint64)[0])
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> list[dict]:
+        """Continue each prompt: a dict per prompt, its ``index``, ``prompt`` and ``new`` token IDs and ``text``."""
+        indices, prompts = batch  # (B,) prompt numbers, (B, T) token IDs
+        enc, h = get_tokenizer(), self.hparams
+        out = []
+        for index, ids in zip(indices.tolist(), prompts, strict=True):
+            generator = self.prompt_generator(index) if h.temperature > 0 else None
+            row = generate(self.model, ids[None], h.max_new_tokens, h.temperature, h.top_k, generator)[0].tolist()
+            prompt, new = row[: len(ids)], row[len(ids) :]
+            out.append({"index": index, "prompt": prompt, "new": new, "text": enc.decode(row)})
+        return out
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        fused = self.hparams.fused_adamw and self.device.type in ("cpu", "cuda")
+        plugin, clip = self.trainer.precision_plugin, self.trainer.gradient_clip_val
+        if fused and isinstance(plugin, MixedPrecision) and (plugin.scaler is not None or clip):
+            # Lightning unscales (16-mixed) and clips only before a step that does not unscale by itself.
+            why = "to unscale the gradients before the diagnostics and the step" if plugin.scaler else "to clip them"
+            rank_zero_info(
+                f"model.fused_adamw: using the unfused AdamW under {self.trainer.precision}"
+                f"{' with gradient clipping' if clip else ''}: Lightning needs it {why}"
+            )
+            fused = False
         return torch.optim.AdamW(
-            self.parameters(),
-            lr=self.hparams.lr,
-            weight_decay=self.hparams.weight_decay,
-            fused=self.hparams.fused_adamw and self.device.type in ("cpu", "cuda"),
+            self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=fused
         )

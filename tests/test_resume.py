@@ -4,6 +4,7 @@ Each test runs `python -m gpt_lit fit` in subprocesses with a tiny model (2 epoc
 and compares what TensorBoard shows: the resumed run continues in the interrupted run's log folder.
 """
 
+import json
 import os
 import shlex
 import signal
@@ -16,6 +17,8 @@ import pytest
 import torch
 from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt_lit.cli import main
 
 RUN = [
     "--config", str(REPO / "configs/residual.yaml"), *TINY,
@@ -129,3 +132,110 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     epochs = str(state["epoch"] + 1)
     resumed = gpt_lit("fit", *RUN, "--ckpt_path", str(ckpt), "--trainer.max_epochs", epochs, cwd=tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+# -- Ctrl-C, data workers, checkpoints from any hook: each resumes exactly -------------------------------------
+
+CTRL_C_AT = '''
+import os, signal
+from pathlib import Path
+from lightning.pytorch.callbacks import Callback
+
+class CtrlCAt(Callback):
+    """Press Ctrl-C `times` times (SIGINT to this process): in the middle of training step `step`, between its
+    forward and backward passes, or during the evaluation after epoch `epoch`. Once: the resumed run does not."""
+    def __init__(self, step: int = -1, epoch: int = -1, times: int = 1):
+        self.step, self.epoch, self.times = step, epoch, times
+    def press(self):
+        if not Path("pressed").exists():
+            Path("pressed").touch()
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.step:
+            self.press()
+    def on_validation_batch_end(self, trainer, *args):
+        if trainer.current_epoch == self.epoch and not trainer.sanity_checking:
+            self.press()
+'''
+
+
+def default_sigint() -> None:
+    """In the child: Ctrl-C's default action. A child of a non-interactive shell (CI) inherits SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def press_ctrl_c(tmp_path: Path, **where) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run 2 epochs, pressing Ctrl-C as ``CtrlCAt(**where)``; the run and its printed resume command."""
+    (tmp_path / "ctrl_c_at.py").write_text(CTRL_C_AT)
+    press = f'--trainer.callbacks+={{"class_path": "ctrl_c_at.CtrlCAt", "init_args": {json.dumps(where)}}}'
+    run = gpt_lit("fit", *RUN, "--trainer.max_epochs", "2", press, cwd=tmp_path, timeout=600, preexec_fn=default_sigint)
+    assert run.returncode == 130 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    last_line = run.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: fit stopped by Ctrl-C; resume with: python -m gpt_lit fit --config ")
+    return run, shlex.split(last_line.split("resume with: ")[1])
+
+
+def resume_here(command: list[str], tmp_path: Path, monkeypatch) -> None:
+    """Run the printed resume command in this process (``main``, what the command runs), from the run's folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the config names ctrl_c_at.CtrlCAt
+    assert command[:3] == ["python", "-m", "gpt_lit"]
+    main(command[3:])
+
+
+def test_ctrl_c_finishes_the_step_and_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
+    stopped, command = press_ctrl_c(tmp_path, step=4)
+    assert stopped.stderr.count("finishing this step; Ctrl-C again to stop at once") == 1
+    run = tmp_path / "lightning_logs" / "residual" / "version_0"
+    state = torch.load(run / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 5  # step 4, in which Ctrl-C came, was finished
+    assert [s for s, _ in scalars(run)["loss/train_step"]] == [0, 1, 2, 3, 4]  # and logged
+
+    resume_here(command, tmp_path, monkeypatch)
+    assert_same_losses(scalars(run), uninterrupted)
+
+
+def test_ctrl_c_during_the_evaluation_finishes_it_and_resumes_exactly(tmp_path, uninterrupted, monkeypatch):
+    stopped, command = press_ctrl_c(tmp_path, epoch=0)
+    run = tmp_path / "lightning_logs" / "residual" / "version_0"
+    state = torch.load(run / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 3
+    assert [s for s, _ in scalars(run)["loss/val"]] == [2]  # epoch 0's whole-set losses were finished
+
+    resume_here(command, tmp_path, monkeypatch)
+    assert_same_losses(scalars(run), uninterrupted)
+
+
+@pytest.fixture(scope="module")
+def sigterm_with_workers(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """SIGTERM at step 4 of a run with a data-loading worker that also saves a checkpoint every 4 steps."""
+    cwd = tmp_path_factory.mktemp("workers")
+    (cwd / "sigterm_at.py").write_text(SIGTERM_AT)
+    stop = '--trainer.callbacks+={"class_path": "sigterm_at.SigtermAt", "init_args": {"step": 4}}'
+    every_4 = '--trainer.callbacks+={"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": %s}'
+    every_4 %= json.dumps(
+        {"every_n_train_steps": 4, "save_top_k": -1, "filename": "at-{step}", "auto_insert_metric_name": False}
+    )
+    args = ["fit", *RUN, "--data.num_workers", "1", "--trainer.max_epochs", "2", stop, every_4]
+    stopped = gpt_lit(*args, cwd=cwd, timeout=600)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    return cwd, stopped
+
+
+def test_resume_with_data_workers_sees_the_same_windows(sigterm_with_workers, uninterrupted):
+    cwd, stopped = sigterm_with_workers
+    command = shlex.split(stopped.stderr.strip().splitlines()[-1].split("resume with: ")[1])
+    resumed = gpt_lit(*command[3:], cwd=cwd, timeout=600)  # with the run's config: data.num_workers 1
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_losses(scalars(cwd / "lightning_logs" / "residual" / "version_0"), uninterrupted)
+
+
+def test_checkpoint_saved_after_a_step_resumes_at_the_next_batch(sigterm_with_workers, uninterrupted):
+    cwd, _ = sigterm_with_workers
+    ckpt = cwd / "lightning_logs" / "residual" / "version_0" / "checkpoints" / "at-4.ckpt"  # saved on_train_batch_end
+    resumed = gpt_lit("fit", *RUN, "--trainer.max_epochs", "2", "--ckpt_path", str(ckpt), cwd=cwd, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logged = scalars(cwd / "lightning_logs" / "residual" / "version_1")  # steps 4 and 5 only
+    later = {tag: [(s, v) for s, v in uninterrupted[tag] if s >= 4] for tag in COMPARED}
+    assert_same_losses(logged, later)

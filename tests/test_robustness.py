@@ -6,6 +6,8 @@ traceback in a terminal. test_resume.py and test_ddp.py run the command in subpr
 """
 
 import math
+import os
+import signal
 
 import pytest
 import torch
@@ -73,9 +75,71 @@ def test_bad_config_value(capsys, args, words):
         assert w in line
 
 
-def test_unknown_key_in_a_config_file(capsys, tmp_path):
+def test_unknown_key_or_bad_value_in_a_config_file_names_the_file_and_line(capsys, tmp_path):
     (tmp_path / "mine.yaml").write_text("model:\n  config:\n    colour: red\n")
-    assert "model.config.colour" in error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
+    line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
+    assert "model.config.colour" in line and "(in mine.yaml, line 3;" in line
+    (tmp_path / "mine.yaml").write_text("data:\n  batch_size: 4\nmodel:\n  config:\n    emb_dim: abc\n")
+    line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
+    assert "model.config.emb_dim: expected int, got 'abc' (in mine.yaml, line 5;" in line
+
+
+def test_bad_value_on_the_command_line_names_the_option(capsys):
+    line = error_line(capsys, "fit", *RUN, "--model.config.emb_dim", "abc")
+    assert "(from the command line: --model.config.emb_dim;" in line
+
+
+def test_malformed_yaml_names_the_file_and_line(capsys, tmp_path):
+    (tmp_path / "mine.yaml").write_text("model:\n  config:\n    emb_dim: [64\ndata:\n  batch_size: 4\n")
+    line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
+    assert line.startswith("error: mine.yaml, line 4 is not valid YAML: ")
+
+
+class Bug(Callback):
+    """A bug in the code, as a user would meet it: an exception no input could cause."""
+
+    def on_train_start(self, trainer, pl_module):
+        a, b = [1, 2, 3]  # noqa: F841 (ValueError: too many values to unpack)
+
+
+def test_a_bug_keeps_its_traceback_and_says_what_was_running(capsys):
+    args = ["fit", *RUN, "--trainer.max_epochs", "1", '--trainer.callbacks+={"class_path": "test_robustness.Bug"}']
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1
+    assert "Traceback" in err and "ValueError: too many values to unpack" in err and "in on_train_start" in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: unexpected ValueError (a bug, not your input) while running: python -m gpt_lit fit")
+
+
+class CtrlCTwice(Callback):
+    """Press Ctrl-C twice (SIGINT to this process) in the middle of training step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)  # the first: finish this step ...
+            os.kill(os.getpid(), signal.SIGINT)  # ... the second: stop at once
+
+
+def test_a_second_ctrl_c_stops_at_once(capfd, tmp_path):
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (CI may ignore SIGINT)
+    try:
+        press = '--trainer.callbacks+={"class_path": "test_robustness.CtrlCTwice", "init_args": {"step": 4}}'
+        logs = ["--trainer.logger.init_args.save_dir", str(tmp_path)]
+        with pytest.raises(SystemExit) as exit_:
+            main(["fit", *RUN, "--trainer.max_epochs", "3", press, *logs])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capfd.readouterr().err
+    assert exit_.value.code == 130 and "Traceback" not in err
+    assert "finishing this step; Ctrl-C again to stop at once" in err
+    assert err.strip().splitlines()[-1].startswith("error: fit stopped by Ctrl-C; resume with: ")
+    ckpt = torch.load(tmp_path / "residual" / "version_0" / "checkpoints" / "interrupted.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 4  # step 4 was not finished: its update never happened
 
 
 @pytest.mark.parametrize("accelerator", ["mps", "cuda"])

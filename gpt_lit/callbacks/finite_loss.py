@@ -14,21 +14,25 @@ class FiniteLoss(Callback):
 
     Checked in ``on_before_backward``, so the bad step never reaches the optimizer and nothing is saved
     after it: the checkpoints already on disk (``last.ckpt``, the best one) are the last good ones.
-    Under DDP the processes agree first (one all-reduce of a flag per step), so all of them stop together.
+    Under several processes they share their losses first (one all-gather of a number per step), so all of
+    them stop together, and the message names the process whose loss it was.
     The GPT CLI adds this callback to every run.
     """
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        finite = bool(torch.isfinite(loss).all())
+        losses = loss.detach().float().reshape(1)
         if trainer.world_size > 1:
-            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
-        if finite:
+            losses = trainer.strategy.all_gather(losses).reshape(-1)  # (world_size,)
+        bad = (~torch.isfinite(losses)).nonzero()
+        if len(bad) == 0:
             return
+        rank = int(bad[0])
+        where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""
         ckpt = trainer.checkpoint_callback
         last = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
         raise GptLitError(
-            f"the training loss is {loss.item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
-            f"batch {trainer.fit_loop.epoch_loop.batch_idx}); training stopped before that update and {kept}. "
+            f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
+            f"batch {trainer.fit_loop.epoch_loop.batch_idx}{where}); training stopped before that update and {kept}. "
             f"Try a smaller model.lr"
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from gpt_lit.distributed import shards_parameters
 
 
 class BlockGradNorms(Callback):
@@ -12,20 +15,32 @@ class BlockGradNorms(Callback):
         """Log the L2 norm of each block's ``param`` gradient as ``grad_norm/block_1`` ... ``block_N``.
 
         Taken after backward and before the optimizer step: after AMP unscaling and before any gradient
-        clipping (Lightning calls ``on_before_optimizer_step`` between the two). Only on logging steps
-        (``trainer.log_every_n_steps``), so other steps pay nothing.
+        clipping (Lightning calls ``on_before_optimizer_step`` between the two; under 16-mixed
+        ``GPTLightning`` uses the AdamW that lets Lightning unscale first). Only on logging steps
+        (``trainer.log_every_n_steps``), so other steps pay nothing. Under DDP every process holds the
+        averaged gradients, so process 0's norms are everyone's; under a strategy that shards the
+        parameters (FSDP) each process holds only a piece of each gradient, and the norms are not logged
+        (said once).
 
         Args:
             param: Which parameter of each block to measure; the chapter uses the first feed-forward weight.
         """
         self.param = param
+        self.sharded = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.sharded = shards_parameters(trainer)
+        if self.sharded:
+            rank_zero_info(
+                f"BlockGradNorms: grad_norm/block_i are not logged under {type(trainer.strategy).__name__}: "
+                f"each process holds only a shard of each block's {self.param} gradient"
+            )
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
-        if not trainer._logger_connector.should_update_logs:
+        if self.sharded or not trainer._logger_connector.should_update_logs:
             return
         grads = [blk.get_parameter(self.param).grad for blk in pl_module.model.blocks]
         if any(g is None for g in grads):
             return
-        # Gradients are already averaged across processes under DDP, so rank 0's norms are everyone's.
         norms = torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])  # (n_layers,)
         pl_module.log_dict({f"grad_norm/block_{i}": n for i, n in enumerate(norms, 1)}, rank_zero_only=True)

@@ -7,10 +7,15 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from gpt_lit.distributed import gather_objects
+
 
 class ContinuationWriter(BasePredictionWriter):
     def __init__(self, filename: str = "continuations.txt"):
         """Collect every prompt's continuation; print them and save them as ``<log_dir>/<filename>``.
+
+        Under several processes each continues its share of the prompts; process 0 gathers them all, puts
+        them in the prompts' order, writes the file and prints them, once.
 
         Args:
             filename: Name of the file written in the run's log directory.
@@ -20,8 +25,12 @@ class ContinuationWriter(BasePredictionWriter):
         self.path: Path | None = None
 
     def write_on_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, predictions, batch_indices) -> None:
-        texts = [text for batch in predictions for text in batch]
+        mine = [p for batch in predictions for p in batch]  # GPTLightning.predict_step's dicts
+        everyone = sorted((p for share in gather_objects(trainer, mine) for p in share), key=lambda p: p["index"])
+        texts = [p["text"] for p in everyone]
         self.path = Path(trainer.log_dir or trainer.default_root_dir) / self.filename
+        if not trainer.is_global_zero:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(f"{t}\n\n" for t in texts), encoding="utf-8")
         for t in texts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 from typing import Any
 
@@ -9,6 +10,8 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+
+from gpt_lit.distributed import gather_objects
 
 
 def rng_states() -> dict[str, Any]:
@@ -39,7 +42,9 @@ class RNGState(Callback):
 
     ``seed_everything`` fixes the generators only at the start of a run. Without this, a run resumed from
     an end-of-epoch checkpoint would draw different dropout masks than the uninterrupted run; with it
-    (and the data module's seed + epoch shuffle), its losses are the same. The states are put back in
+    (and the data module's seed + epoch shuffle), its losses are the same. Under several processes every
+    process's generators are saved (each GPU draws its own dropout masks) and each process gets its own back
+    (process 0's, when the checkpoint was saved by another number of processes). The states are put back in
     ``on_train_start``, after loading and the sanity check, so nothing draws from them in between.
     The GPT CLI adds this callback to every run.
     """
@@ -48,12 +53,22 @@ class RNGState(Callback):
         self.restored: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return rng_states()
+        return {"ranks": [rng_states()]}  # on_save_checkpoint adds the other processes'
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Every process builds the checkpoint (process 0 writes it), so every one takes part in the gather.
+        if trainer.world_size > 1:
+            buffer = io.BytesIO()
+            torch.save(rng_states(), buffer)  # as bytes: all_gather_object cannot unpickle bare tensors here
+            states = [torch.load(io.BytesIO(b), weights_only=False) for b in gather_objects(trainer, buffer.getvalue())]
+            checkpoint["callbacks"][self.state_key] = {"ranks": states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.restored = state_dict
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.restored is not None:
-            set_rng_states(self.restored)
+            ranks = self.restored.get("ranks", [self.restored])  # checkpoints before the per-process states
+            same_processes = len(ranks) == trainer.world_size
+            set_rng_states(ranks[trainer.global_rank] if same_processes else ranks[0])
             self.restored = None

@@ -1,0 +1,32 @@
+"""What changes when a run spans several processes: which strategies shard the model, and collecting results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch.distributed as dist
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+
+
+def shards_parameters(trainer: L.Trainer | None) -> bool:
+    """Whether ``trainer``'s strategy splits the parameters across processes (FSDP, DeepSpeed ZeRO-3, ModelParallel).
+
+    Under such a strategy a parameter read outside the model's ``forward`` (the fused head + loss reads
+    ``head.weight``; the diagnostics read the blocks' weights and gradients) is this process's shard, or empty.
+    """
+    if trainer is None:
+        return False
+    strategy = trainer.strategy
+    if isinstance(strategy, DeepSpeedStrategy):
+        return bool(getattr(strategy, "zero_stage_3", False))
+    return isinstance(strategy, (FSDPStrategy, ModelParallelStrategy))
+
+
+def gather_objects(trainer: L.Trainer, obj: Any) -> list[Any]:
+    """Every process's ``obj``, in rank order (``[obj]`` on one process). Every process must call it."""
+    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(out, obj)
+    return out

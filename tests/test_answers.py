@@ -1,0 +1,134 @@
+"""The numbers gpt_lit reports, each recomputed independently: test loss, lengths, diagnostics, tied weights."""
+
+from __future__ import annotations
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import QUIET_TRAINER, REPO, TINY
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt_lit.callbacks import BlockGradNorms, PositionSimilarity, mean_position_similarity
+from gpt_lit.cli import main
+from gpt_lit.data import TimeMachineData
+from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.module import GPTLightning
+from gpt_lit.tokenizer import get_tokenizer
+
+RUN = [
+    "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.eval_train", "false",
+    "--trainer.limit_train_batches", "2", "--trainer.enable_progress_bar", "false",
+    "--trainer.enable_model_summary", "false",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # lightning_logs/ goes here
+
+
+def scalars(run) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_test_loss_is_the_last_validation_loss_and_predict_adds_max_new_tokens():
+    fit = main(["fit", *RUN, "--trainer.max_epochs", "2", "--model.lr", "0.01"])
+    run = fit.trainer.log_dir
+    last_val = fit.trainer.callback_metrics["loss/val"].item()
+    assert last_val < 10.6  # trained: an untrained model's is about ln 50257 = 10.8, and `test` must not get that
+
+    ckpt = f"{run}/checkpoints/last.ckpt"
+    test = main(["test", "--config", f"{run}/config.yaml", "--ckpt_path", ckpt])
+    assert test.trainer.callback_metrics["test/loss"].item() == pytest.approx(last_val, abs=1e-5)
+
+    prompts = '["The Time Traveller", "It was"]'
+    predict = main(["predict", "--config", f"{run}/config.yaml", "--ckpt_path", ckpt, "--data.prompts", prompts,
+                    "--model.max_new_tokens", "7"])  # fmt: skip
+    enc = get_tokenizer()
+    [[first], [second]] = predict.trainer.predict_loop.predictions
+    for out, prompt in ((first, "The Time Traveller"), (second, "It was")):
+        assert out["prompt"] == enc.encode(prompt) and len(out["new"]) == 7
+        assert out["text"] == enc.decode(out["prompt"] + out["new"])
+
+
+class Capture(Callback):
+    """The weights and the batch of every training step, as the step starts."""
+
+    def __init__(self):
+        self.steps: list[tuple[dict, tuple]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.steps.append((copy.deepcopy(pl_module.model.state_dict()), tuple(t.clone() for t in batch)))
+
+
+@pytest.fixture(scope="module")
+def diagnosed(tmp_path_factory):
+    """2 epochs of 2 steps of a 3-block model without dropout, every step logged; clipped far below the norms."""
+    L.seed_everything(123)
+    cfg = GPTConfig(context_length=32, emb_dim=32, n_layers=3, n_heads=2, dropout=0.0)
+    data = TimeMachineData(context_length=32, batch_size=4, eval_batch_size=64, eval_train=False)
+    module, capture = GPTLightning(cfg), Capture()
+    logger = TensorBoardLogger(tmp_path_factory.mktemp("fit"), name="tiny", default_hp_metric=False)
+    trainer = L.Trainer(
+        **QUIET_TRAINER,
+        logger=logger,
+        callbacks=[BlockGradNorms(), PositionSimilarity(num_sequences=8), capture],
+        max_epochs=2,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        log_every_n_steps=1,
+        gradient_clip_val=1e-3,
+    )
+    trainer.fit(module, data)
+    return cfg, data, module, capture, scalars(logger.log_dir)
+
+
+def test_logged_grad_norms_are_the_norms_of_the_gradients(diagnosed):
+    cfg, _, _, capture, logged = diagnosed
+    for step, (weights, (x, y)) in enumerate(capture.steps):
+        model = GPT(cfg)
+        model.load_state_dict(weights)
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()  # the chapter's loss, plainly
+        for i, block in enumerate(model.blocks, 1):
+            (logged_step, value) = logged[f"grad_norm/block_{i}"][step]
+            assert logged_step == step
+            assert value == pytest.approx(torch.linalg.vector_norm(block.ffn.fc.weight.grad).item(), rel=1e-4)
+
+
+def test_logged_similarity_is_mean_position_similarity_of_the_first_validation_windows(diagnosed):
+    cfg, data, module, capture, logged = diagnosed
+    windows = torch.stack([data.val_set[i][0] for i in range(8)])
+    start = GPT(cfg)
+    start.load_state_dict(capture.steps[0][0])  # the weights before the first step
+    with torch.no_grad():
+        expected = [mean_position_similarity(m.eval().hidden_states(windows)).item() for m in (start, module.model)]
+    values = [v for _, v in logged["similarity/positions"]]
+    assert [values[0], values[-1]] == pytest.approx(expected, abs=1e-6)
+    assert abs(expected[0] - expected[1]) > 1e-4  # training moved it: the two checks are of different models
+
+
+def test_tied_model_trains_saves_loads_and_resumes_with_the_head_still_the_embedding():
+    tied = ["--model.config.tie_weights", "true", "--model.config.emb_dim", "64", "--data.eval_train", "false"]
+    first = main(["fit", *RUN, *tied, "--trainer.max_epochs", "1", "--trainer.logger.init_args.name", "tied"])
+    gpt = first.model.model
+    assert gpt.head.weight is gpt.tok_emb.weight
+    ckpt = f"{first.trainer.log_dir}/checkpoints/last.ckpt"
+
+    loaded = GPTLightning.load_from_checkpoint(ckpt).model
+    assert loaded.head.weight is loaded.tok_emb.weight  # the same tensor, not a copy
+    assert torch.equal(loaded.head.weight, gpt.head.weight)
+
+    resumed = main(["fit", *RUN, *tied, "--trainer.max_epochs", "2", "--ckpt_path", ckpt,
+                    "--trainer.logger.init_args.name", "tied", "--trainer.logger.init_args.version", "0"])  # fmt: skip
+    gpt = resumed.model.model
+    assert gpt.head.weight is gpt.tok_emb.weight
+    [params] = [group["params"] for group in resumed.trainer.optimizers[0].param_groups]
+    assert sum(p is gpt.tok_emb.weight for p in params) == 1 and len(params) == len(list(gpt.parameters()))
+    assert [s for s, _ in scalars(first.trainer.log_dir)["loss/train_step"]] == [0, 1, 2, 3]  # continued the run
