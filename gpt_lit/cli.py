@@ -86,7 +86,7 @@ class GPTLitParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
             super().error(message, ex)
-        source = where_from(one_line(message), _COMMAND_LINE)
+        source = where_from(one_line(message), with_shipped_configs(_COMMAND_LINE))  # a config named, as its file
         if " is not valid YAML: " in source:
             fail(source)
         fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")

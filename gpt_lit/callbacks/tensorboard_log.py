@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.tensorboard import SummaryWriter
+
+from gpt_lit import distributed
 
 
 def epoch_end_step(trainer: L.Trainer) -> int:
@@ -40,7 +41,7 @@ def shards_parameters(trainer: L.Trainer, what: str) -> bool:
     Such a model can only be run inside the strategy's own forward, so a diagnostic that runs the model on
     its own (``what``) is skipped there.
     """
-    sharded = isinstance(trainer.strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
+    sharded = distributed.shards_parameters(trainer)
     if sharded:
         rank_zero_info(f"{what}: skipped under {type(trainer.strategy).__name__}, which shards the parameters")
     return sharded
