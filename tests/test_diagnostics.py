@@ -194,10 +194,10 @@ def test_samples_leave_the_training_mode_and_the_random_state_as_they_were():
     module = GPTLightning(GPTConfig(vocab_size=50257, context_length=16, emb_dim=16, n_layers=1, n_heads=2))
     module.train()
     torch.manual_seed(0)
-    before = torch.get_rng_state()
+    before, threads = torch.get_rng_state(), torch.get_num_threads()
     texts = Samples(["I saw"], max_new_tokens=3).continuations(module)
     assert module.training and module.model.training and all(m.training for m in module.modules())
-    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(torch.get_rng_state(), before) and torch.get_num_threads() == threads
     assert texts[0].startswith("I saw") and len(get_tokenizer().encode(texts[0])) == 2 + 3
 
 
