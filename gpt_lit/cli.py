@@ -321,6 +321,9 @@ class GPTLitCLI(LightningCLI):
         return trainer
 
     def _check_inputs(self) -> None:
+        # With a checkpoint, its weights replace model.init_from's: a run's config.yaml keeps init_from, and
+        # test/predict/resume on it must neither download nor need the released weights again.
+        self.model.weights_from_checkpoint = bool(self.config[self.subcommand].get("ckpt_path"))
         if self.checkpoint is not None:
             check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
             self.checkpoint = None  # Lightning loads it again itself

@@ -78,6 +78,7 @@ class GPTLightning(L.LightningModule):
         self.save_hyperparameters()
         self.model = GPT(config)
         self.pretrained_loaded = False  # init_from's weights are copied in once, by setup()
+        self.weights_from_checkpoint = False  # the CLI sets it when a --ckpt_path gives every weight anyway
         if compile:
             self.model.compile()  # in place: the state_dict keys stay model.*
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
@@ -91,13 +92,13 @@ class GPTLightning(L.LightningModule):
             torch.set_float32_matmul_precision("high")
         # Lightning runs prepare_data, setup, configure_model, then restores a --ckpt_path: so a resumed
         # fine-tune continues from its checkpoint, not from the released weights.
-        if self.hparams.init_from and not self.pretrained_loaded:
+        if self.hparams.init_from and not (self.pretrained_loaded or self.weights_from_checkpoint):
             folder = load_pretrained(self.model, self.hparams.init_from)
             self.pretrained_loaded = True
             rank_zero_info(f"model.init_from: GPT-2 weights loaded from {folder}")
 
     def prepare_data(self) -> None:
-        if self.hparams.init_from:  # a hub name is downloaded here: on one process per node, once
+        if self.hparams.init_from and not self.weights_from_checkpoint:  # a hub name: downloaded here, once per node
             fetch(self.hparams.init_from)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

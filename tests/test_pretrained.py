@@ -195,6 +195,13 @@ def test_fit_starts_from_the_weights_and_resumes_exactly(small, small_folder, tm
     for name, value in resumed.model.state_dict().items():
         torch.testing.assert_close(value, final[name], rtol=0, atol=1e-6, msg=name)
 
+    # The run's config keeps init_from; with its checkpoint, test needs no released weights (the folder is gone).
+    run = tmp_path / "lightning_logs" / "residual" / "version_1"
+    tested = main(["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+                   "--model.init_from", str(tmp_path / "deleted_folder")])  # fmt: skip
+    for name, value in tested.model.state_dict().items():
+        torch.testing.assert_close(value, final[name], rtol=0, atol=1e-6, msg=name)
+
 
 # --- one clear line for every mistake ---
 
