@@ -1,9 +1,15 @@
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
 from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
+
+# Importing Lightning before pytest's log capture starts makes its loggers print instead of propagating;
+# let them propagate, so tests can read what a run says (caplog) wherever Lightning was first imported.
+for name in ("lightning.pytorch", "lightning.fabric"):
+    logging.getLogger(name).propagate = True
 
 REPO = Path(__file__).resolve().parents[1]
 # The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.

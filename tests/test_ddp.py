@@ -98,8 +98,8 @@ def test_logged_once_and_the_whole_sets_equal_one_process(run):
     logged = scalars(run)
     for tag in ("loss/train_step", "grad_norm/block_1", "grad_norm/block_2"):
         assert [s for s, _ in logged[tag]] == [0, 1, 2], tag  # each step once, not once per process
-    assert [s for s, _ in logged["loss/val"]] == [2]
-    assert [s for s, _ in logged["similarity/positions"]] == [0, 2]  # the start, then at loss/val's step
+    assert [s for s, _ in logged["loss/val"]] == [1]  # epoch 0's end, at its last step, as self.log puts it
+    assert [s for s, _ in logged["similarity/positions"]] == [0, 1]  # the start, then at loss/val's step
 
     # Epoch 0's loss/val (37 windows) and loss/train (316) under two processes, against one process
     # evaluating the checkpoint taken right after them.
