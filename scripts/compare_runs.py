@@ -115,12 +115,13 @@ def figure(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> plt.Figure:
         baselines = sorted({round(runs[n][BASELINE_TAG][-1][1], 3) for n in names if BASELINE_TAG in runs[n]})
         for value in baselines:
             ax.axhline(value, linestyle=":", color="black", linewidth=1.2, label=f"unigram baseline {value:.3f}")
-            ax.annotate(  # at the left, under the line: the first epochs' losses are far above it there
+            ax.annotate(  # at the right, under the line: runs with residuals are far below it by then
                 f"unigram baseline {value:.3f}",
-                (0.01, value),
+                (0.99, value),
                 xycoords=("axes fraction", "data"),
                 xytext=(0, -12),
                 textcoords="offset points",
+                horizontalalignment="right",
             )
         ax.set_xlabel("training step")
         ax.set_title(f"{blocks} blocks" if blocks else "loss")
