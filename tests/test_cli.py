@@ -87,9 +87,7 @@ def test_help_explains_every_option(tmp_path):
     out = gpt_lit("fit", "--help", cwd=tmp_path).stdout
     assert out.startswith("usage: python -m gpt_lit [options] fit")
     shipped = ", ".join(sorted(path.stem for path in (REPO / "configs").glob("*.yaml")))
-    assert f"the name of a shipped config ({shipped};" in " ".join(
-        out.split()
-    )
+    assert f"the name of a shipped config ({shipped};" in " ".join(out.split())
     for option, words in {
         "--model.config.emb_dim": "Width of every token vector",
         "--model.config.residual": "Residual connections",

@@ -7,6 +7,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step
+
 
 def unigram_entropy(ids: torch.Tensor) -> float:
     """Entropy, in nats, of the token frequencies in ``ids``: -sum p log p over the tokens that occur."""
@@ -41,9 +43,12 @@ def chart_layout() -> dict[str, dict[str, list]]:
 
 class UnigramBaseline(Callback):
     def __init__(self, chart: bool = True):
-        """Log ``loss/unigram_baseline`` (the book's unigram entropy) on every logging step, a flat line.
+        """Log ``loss/unigram_baseline`` (the book's unigram entropy), a flat line: at the start and every epoch's end.
 
         Computed once from the data module's tokens of the whole book (6.35 nats; the chapter prints 6.346).
+        Its points sit at the steps of the epoch-end losses (``loss/train``, ``loss/val``), as many as theirs:
+        TensorBoard's "Ignore outliers in chart scaling" (on by default) scales a chart to the middle 90% of
+        its points, and a floor written at every step would outnumber the losses and shrink the chart to it.
 
         Args:
             chart: Add the TensorBoard custom-scalars layout (``chart_layout``, the "Custom Scalars" tab): the
@@ -61,10 +66,13 @@ class UnigramBaseline(Callback):
                 if isinstance(logger, TensorBoardLogger):
                     logger.experiment.add_custom_scalars(chart_layout())
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.logger is not None:  # step 0, so the line is drawn even in runs shorter than one logging step
-            trainer.logger.log_metrics({"loss/unigram_baseline": self.value}, step=trainer.global_step)
+    def _log(self, trainer: L.Trainer, step: int) -> None:
+        if trainer.logger is not None and trainer.is_global_zero and not trainer.sanity_checking:
+            trainer.logger.log_metrics({"loss/unigram_baseline": self.value}, step=step)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if trainer._logger_connector.should_update_logs:
-            pl_module.log("loss/unigram_baseline", self.value, rank_zero_only=True)
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step == 0:  # the line starts at step 0 (a resumed run logged it before)
+            self._log(trainer, 0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(trainer, epoch_end_step(trainer))
