@@ -5,9 +5,8 @@ from __future__ import annotations
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 
-from gpt_lit.distributed import shards_parameters
+from gpt_lit.callbacks.tensorboard_log import shards_parameters
 
 
 class BlockGradNorms(Callback):
@@ -29,12 +28,7 @@ class BlockGradNorms(Callback):
         self.sharded = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.sharded = shards_parameters(trainer)
-        if self.sharded:
-            rank_zero_info(
-                f"BlockGradNorms: grad_norm/block_i are not logged under {type(trainer.strategy).__name__}: "
-                f"each process holds only a shard of each block's {self.param} gradient"
-            )
+        self.sharded = shards_parameters(trainer, "BlockGradNorms")  # each process holds a shard of each gradient
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.sharded or not trainer._logger_connector.should_update_logs:

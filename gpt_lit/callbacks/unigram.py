@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start
 
 
 def unigram_entropy(ids: torch.Tensor) -> float:
@@ -67,11 +67,11 @@ class UnigramBaseline(Callback):
                     logger.experiment.add_custom_scalars(chart_layout())
 
     def _log(self, trainer: L.Trainer, step: int) -> None:
-        if trainer.logger is not None and trainer.is_global_zero and not trainer.sanity_checking:
+        if trainer.logger is not None:  # loggers write on process 0 only
             trainer.logger.log_metrics({"loss/unigram_baseline": self.value}, step=step)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_step == 0:  # the line starts at step 0 (a resumed run logged it before)
+        if is_fresh_start(trainer):  # the line starts at step 0 (a resumed run logged it before)
             self._log(trainer, 0)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
