@@ -11,21 +11,17 @@ the config's name. ``test`` and ``predict`` on a run's checkpoint write into tha
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning.pytorch as pl
-import torch
-from jsonargparse import ActionConfigFile, Namespace
+from jsonargparse import ActionConfigFile
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -36,44 +32,16 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
+from gpt_lit.checkpoint_reading import check_architecture, read_checkpoint
 from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
+from gpt_lit.config_names import shipped_configs, with_shipped_configs
 from gpt_lit.config_sources import where_from
 from gpt_lit.console import quiet_console, use_quiet_summary
 from gpt_lit.data import TimeMachineData
-from gpt_lit.errors import GptLitError
+from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.module import GPTLightning
+from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, latest_checkpoint, log_beside_run, runs_folder
 from gpt_lit.tokenizer import vocab_size
-
-PROG = "python -m gpt_lit"
-
-# ckpt_path values Lightning resolves itself rather than reading a file
-LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
-# where each GPTConfig field is set on the command line (two come from the data module, linked)
-CONFIG_KEYS = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
-
-
-def one_line(message: object) -> str:
-    return " ".join(str(message).split())
-
-
-def fail(message: object) -> NoReturn:
-    """Print ``error: <message>`` as one line on stderr (once, from process 0) and exit with status 2."""
-    if rank_zero_only.rank == 0:
-        print(f"error: {one_line(message)}", file=sys.stderr)
-    sys.exit(2)
-
-
-def short_type_error(message: str) -> str:
-    """jsonargparse's "Parser key "k": ... <class 'int'> ... Given value: x" as "k: expected int, got 'x'"."""
-    key = re.match(r'Parser key "([^"]+)":', message)
-    value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message, re.S)
-    expected = message.split("Given value type")[0]  # not the type of what was given
-    types = list(dict.fromkeys(re.findall(r"<class '(\w+)'>", expected)))
-    if not (key and value and types) or not set(types) <= {"int", "float", "str", "bool", "NoneType"}:
-        return message
-    names = " or ".join("null" if t == "NoneType" else t for t in types)
-    return f"{key[1]}: expected {names}, got {value[1]!r}"
-
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
 _COMMAND_LINE: list[str] = []
@@ -92,60 +60,6 @@ class GPTLitParser(LightningArgumentParser):
         fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")
 
 
-def _config_fields(config: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
-    return dict(config) if isinstance(config, dict) else {}
-
-
-def read_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint at ``path`` (memory-mapped, so cheap); a GptLitError when it is missing or unreadable."""
-    file = Path(path)
-    if not file.exists():
-        raise GptLitError(f"checkpoint {path} does not exist")
-    if not file.is_file():
-        raise GptLitError(f"checkpoint {path} is a directory, not a .ckpt file")
-    try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # a truncated zip, a text file, a pickle of something else: all unreadable here
-        reason = one_line(e).split(". ")[0] or type(e).__name__
-        raise GptLitError(f"{path} is not a readable checkpoint: truncated, or not a PyTorch file ({reason})") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise GptLitError(f"{path} is a PyTorch file but not a Lightning checkpoint (it has no state_dict)")
-    return ckpt
-
-
-def check_architecture(path: str, ckpt: dict[str, Any], model: LightningModule) -> None:
-    """Raise a GptLitError naming the differing GPTConfig fields and tensor shapes, if there are any."""
-    # Which GPTConfig fields differ (dropout does not change the architecture), then which tensors.
-    theirs = _config_fields((ckpt.get("hyper_parameters") or {}).get("config"))
-    ours = _config_fields(model.hparams.get("config"))
-    details = [
-        f"{CONFIG_KEYS.get(k, f'model.config.{k}')} is {theirs[k]!r} in the checkpoint but {ours[k]!r} here"
-        for k in ours
-        if k in theirs and k != "dropout" and theirs[k] != ours[k]
-    ]
-    saved, wanted = ckpt["state_dict"], model.state_dict()
-    shapes = [
-        f"{k} {list(saved[k].shape)} vs {list(v.shape)}"
-        for k, v in wanted.items()
-        if k in saved and saved[k].shape != v.shape
-    ]
-    missing = [k for k in wanted if k not in saved]
-    unexpected = [k for k in saved if k not in wanted]
-    if shapes:
-        details.append("shapes differ: " + ", ".join(shapes[:3]) + (", ..." if len(shapes) > 3 else ""))
-    if missing:
-        details.append(f"{len(missing)} tensors missing from the checkpoint (e.g. {missing[0]})")
-    if unexpected:
-        details.append(f"{len(unexpected)} tensors the model does not have (e.g. {unexpected[0]})")
-    if not details:
-        return
-    run_config = Path(path).parent.parent / "config.yaml"  # <run>/checkpoints/last.ckpt -> <run>/config.yaml
-    hint = f"; use the run's own config: --config {run_config}" if run_config.is_file() else ""
-    raise GptLitError(f"checkpoint {path} is of a different architecture than the config: {'; '.join(details)}{hint}")
-
-
 def check_writable(trainer: Trainer) -> None:
     """Raise a GptLitError unless the folder the logs and checkpoints go to can be written."""
     folders = [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]
@@ -159,93 +73,6 @@ def check_writable(trainer: Trainer) -> None:
                 f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "
                 f"--trainer.logger.init_args.save_dir (or --trainer.default_root_dir without a logger)"
             ) from None
-
-
-def configs_dir() -> Path:
-    """The shipped configs: ``gpt_lit/configs`` in an installed wheel, ``configs/`` at the top of a checkout."""
-    package = Path(__file__).resolve().parent
-    installed = package / "configs"
-    return installed if installed.is_dir() else package.parent / "configs"
-
-
-def shipped_configs() -> dict[str, Path]:
-    """The shipped configs by name (``residual``, ``no_residual_8``, ...)."""
-    return {path.stem: path for path in sorted(configs_dir().glob("*.yaml"))}
-
-
-def find_config(value: str) -> str:
-    """``--config``'s value as a file: an existing path as given, else the shipped config of that name.
-
-    ``residual``, ``residual.yaml`` and ``configs/residual.yaml`` all name the shipped ``residual.yaml``.
-    Anything else that is not a file (inline YAML, a path in another folder) is left to the parser.
-    """
-    if Path(value).exists() or not re.fullmatch(r"(configs/)?[\w.-]+", value):
-        return value
-    name = Path(value).name.removesuffix(".yaml").removesuffix(".yml")
-    configs = shipped_configs()
-    if name in configs:
-        return str(configs[name])
-    raise GptLitError(
-        f"--config {value}: no such file, and no shipped config of that name; the shipped configs are "
-        f"{', '.join(configs)} (give one of these names, or a config file's path)"
-    )
-
-
-def with_shipped_configs(args: list[str]) -> list[str]:
-    """``args`` with every ``--config``/``-c`` value replaced by ``find_config``'s answer."""
-    out, args = [], list(args)
-    for i, arg in enumerate(args):
-        if i and args[i - 1] in ("--config", "-c"):
-            arg = find_config(arg)
-        elif arg.startswith(("--config=", "-c=")):
-            option, value = arg.split("=", 1)
-            arg = f"{option}={find_config(value)}"
-        out.append(arg)
-    return out
-
-
-def runs_folder(trainer: Namespace) -> Path | None:
-    """Where the configured logger puts the ``version_N`` run folders (None for a logger without one)."""
-    logger, root = trainer.get("logger"), trainer.get("default_root_dir") or "."
-    if logger is None or logger is True:  # Lightning's default TensorBoardLogger
-        return Path(root) / "lightning_logs"
-    init = logger.get("init_args") if isinstance(logger, Namespace) else None
-    if init is None or "save_dir" not in init:
-        return None
-    return Path(init.get("save_dir") or root) / (init.get("name") or "")
-
-
-def run_of(ckpt_path: str | None) -> Path | None:
-    """The run folder ``<run>`` of ``<run>/checkpoints/X.ckpt``, if that is where the checkpoint is."""
-    if not ckpt_path or ckpt_path in LIGHTNING_CKPT_NAMES or "://" in ckpt_path:
-        return None
-    run = Path(ckpt_path).parent.parent
-    is_run = (run / "config.yaml").is_file() or any(run.glob("events.out.tfevents.*"))
-    return run if Path(ckpt_path).parent.name == "checkpoints" and is_run else None
-
-
-def latest_checkpoint(folder: Path | None, which: str) -> str:
-    """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``."""
-    looked = f"{folder}/version_*/checkpoints/last.ckpt" if folder else "nowhere: the logger has no save_dir"
-    versions = folder.glob("version_*/checkpoints/last.ckpt") if folder else []
-    number = lambda p: int(m[1]) if (m := re.fullmatch(r"version_(\d+)", p.parent.parent.name)) else -1  # noqa: E731
-    found = sorted(versions, key=number)
-    if not found:
-        raise GptLitError(
-            f"--ckpt_path {which}: no run with a checkpoint; looked for {looked} (from {Path.cwd()}). Train one "
-            f"with `{PROG} fit` and the same config, or give a checkpoint's path"
-        )
-    last = found[-1]
-    if which == "last":
-        return str(last)
-    states = read_checkpoint(str(last)).get("callbacks", {}).values()
-    best = [s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")]
-    if not best or not (last.parent / Path(best[0]).name).is_file():
-        raise GptLitError(
-            f"--ckpt_path best: the latest run, {last.parent.parent}, keeps no best checkpoint (its config has no "
-            f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a checkpoint's path"
-        )
-    return str(last.parent / Path(best[0]).name)
 
 
 class GPTLitCLI(LightningCLI):
@@ -291,14 +118,8 @@ class GPTLitCLI(LightningCLI):
             self.checkpoint = read_checkpoint(path)
 
     def before_instantiate_classes(self) -> None:
-        # test and predict on <run>/checkpoints/X.ckpt log into <run>/<test|predict>/X/, beside what they evaluate
-        subcommand = self.subcommand
-        run = run_of(self.config[subcommand].get("ckpt_path")) if subcommand in ("test", "predict") else None
-        logger = self.config[subcommand].trainer.get("logger") if run else None
-        init = logger.get("init_args") if isinstance(logger, Namespace) else None
-        if init is not None and "save_dir" in init:
-            init.save_dir, init.name = str(run), subcommand
-            init.version = Path(self.config[subcommand].ckpt_path).stem
+        if self.subcommand in ("test", "predict"):
+            log_beside_run(self.config[self.subcommand], self.subcommand)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config = self._get(self.config_init, "trainer", default={})
@@ -357,15 +178,6 @@ class GPTLitCLI(LightningCLI):
         return f"; resume with: {command}"
 
 
-def _about_the_configuration(e: BaseException) -> bool:
-    """Whether ``e`` says a configured value was refused: raised while the CLI read the configuration and built
-    the objects (GPTConfig's checks), or raised by Lightning itself checking its settings while running."""
-    frames = traceback.extract_tb(e.__traceback__)
-    names = {frame.name for frame in frames}
-    configuring = "_run_subcommand" not in names and bool(names & {"parse_arguments", "instantiate_classes"})
-    return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
-
-
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
     """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
 
@@ -393,7 +205,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:
-        if isinstance(e, (ValueError, TypeError)) and _about_the_configuration(e):
+        if isinstance(e, (ValueError, TypeError)) and about_the_configuration(e):
             fail(e)
         traceback.print_exc()
         command = " ".join(["python -m gpt_lit", *_COMMAND_LINE])

@@ -1,5 +1,47 @@
-"""The one exception type for mistakes a user can fix; the CLI prints its message as one line."""
+"""Mistakes a user can fix: the one exception type for them, and how they are printed (one ``error:`` line)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from typing import NoReturn
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 
 class GptLitError(Exception):
     """A problem with the user's input (data file, config, checkpoint, prompt), with what to do about it."""
+
+
+def one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def fail(message: object) -> NoReturn:
+    """Print ``error: <message>`` as one line on stderr (once, from process 0) and exit with status 2."""
+    if rank_zero_only.rank == 0:
+        print(f"error: {one_line(message)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def short_type_error(message: str) -> str:
+    """jsonargparse's "Parser key "k": ... <class 'int'> ... Given value: x" as "k: expected int, got 'x'"."""
+    key = re.match(r'Parser key "([^"]+)":', message)
+    value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message, re.S)
+    expected = message.split("Given value type")[0]  # not the type of what was given
+    types = list(dict.fromkeys(re.findall(r"<class '(\w+)'>", expected)))
+    if not (key and value and types) or not set(types) <= {"int", "float", "str", "bool", "NoneType"}:
+        return message
+    names = " or ".join("null" if t == "NoneType" else t for t in types)
+    return f"{key[1]}: expected {names}, got {value[1]!r}"
+
+
+def about_the_configuration(e: BaseException) -> bool:
+    """Whether ``e`` says a configured value was refused: raised while the CLI read the configuration and built
+    the objects (GPTConfig's checks), or raised by Lightning itself checking its settings while running."""
+    frames = traceback.extract_tb(e.__traceback__)
+    names = {frame.name for frame in frames}
+    configuring = "_run_subcommand" not in names and bool(names & {"parse_arguments", "instantiate_classes"})
+    return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename

@@ -1,0 +1,51 @@
+"""The shipped configs by name: ``--config residual`` from any folder, after any install."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpt_lit.errors import GptLitError
+
+
+def configs_dir() -> Path:
+    """The shipped configs: ``gpt_lit/configs`` in an installed wheel, ``configs/`` at the top of a checkout."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The shipped configs by name (``residual``, ``no_residual_8``, ...)."""
+    return {path.stem: path for path in sorted(configs_dir().glob("*.yaml"))}
+
+
+def find_config(value: str) -> str:
+    """``--config``'s value as a file: an existing path as given, else the shipped config of that name.
+
+    ``residual``, ``residual.yaml`` and ``configs/residual.yaml`` all name the shipped ``residual.yaml``.
+    Anything else that is not a file (inline YAML, a path in another folder) is left to the parser.
+    """
+    if Path(value).exists() or not re.fullmatch(r"(configs/)?[\w.-]+", value):
+        return value
+    name = Path(value).name.removesuffix(".yaml").removesuffix(".yml")
+    configs = shipped_configs()
+    if name in configs:
+        return str(configs[name])
+    raise GptLitError(
+        f"--config {value}: no such file, and no shipped config of that name; the shipped configs are "
+        f"{', '.join(configs)} (give one of these names, or a config file's path)"
+    )
+
+
+def with_shipped_configs(args: list[str]) -> list[str]:
+    """``args`` with every ``--config``/``-c`` value replaced by ``find_config``'s answer."""
+    out, args = [], list(args)
+    for i, arg in enumerate(args):
+        if i and args[i - 1] in ("--config", "-c"):
+            arg = find_config(arg)
+        elif arg.startswith(("--config=", "-c=")):
+            option, value = arg.split("=", 1)
+            arg = f"{option}={find_config(value)}"
+        out.append(arg)
+    return out
