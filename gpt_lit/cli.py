@@ -36,7 +36,7 @@ from gpt_lit.checkpoint_reading import check_architecture, read_checkpoint
 from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
 from gpt_lit.config_names import shipped_configs, with_shipped_configs
 from gpt_lit.config_sources import where_from
-from gpt_lit.console import quiet_console, use_quiet_summary
+from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.module import GPTLightning
@@ -139,6 +139,7 @@ class GPTLitCLI(LightningCLI):
             plugins.append(AtomicCheckpointIO())
         trainer = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         use_quiet_summary(trainer)
+        use_quiet_progress_bar(trainer)
         return trainer
 
     def _check_inputs(self) -> None:
