@@ -1,4 +1,4 @@
-"""What a run prints: Lightning's progress bar, model summary and losses, without our dependencies' noise.
+"""What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise.
 
 Three messages are dropped, each matched exactly (every other warning and log line still shows):
 
