@@ -12,6 +12,7 @@ the config's name. ``test`` and ``predict`` on a run's checkpoint write into tha
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import tempfile
 import traceback
@@ -32,7 +33,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
-from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint
+from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint, refusal
 from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
 from gpt_lit.config_names import shipped_configs, with_shipped_configs
 from gpt_lit.config_sources import where_from
@@ -45,6 +46,8 @@ from gpt_lit.tokenizer import vocab_size
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
 _COMMAND_LINE: list[str] = []
+# The --ckpt_path given, for the refusal of one only Lightning reads (a URL, hpc, registry)
+_CKPT_PATH: str | None = None
 
 
 class GPTLitParser(LightningArgumentParser):
@@ -123,6 +126,8 @@ class GPTLitCLI(LightningCLI):
             raise GptLitError(f"--weights_only false: to load a checkpoint you trust as code, use {TRUST_OPTION}")
         self.weights_only = not trust  # what Lightning's restore gets (True unless trusted and needed)
         path = config.get("ckpt_path")
+        global _CKPT_PATH
+        _CKPT_PATH = path
         if path in ("last", "best"):  # in a new process: the latest run of this config's name
             path = latest_checkpoint(runs_folder(config.trainer), path, trust)
             config.ckpt_path = path
@@ -214,6 +219,8 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         )
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
+    except pickle.UnpicklingError as e:  # weights_only refused a checkpoint that Lightning, not the CLI, reads
+        fail(refusal(_CKPT_PATH or "--ckpt_path", e))
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
         if rank_zero_only.rank == 0:
             print("error: interrupted", file=sys.stderr)

@@ -155,6 +155,15 @@ def test_ckpt_path_last_or_best_on_a_run_holding_one_is_refused(capsys, bomb, tm
     assert_refused(capsys, status, Path("lightning_logs/residual/version_0/checkpoints/last.ckpt"), "getattr")
 
 
+def test_a_url_that_lightning_reads_itself_is_refused_too(capsys, bomb):
+    # A URL is not read by the CLI first: Lightning's own restore loads it, with weights_only=True.
+    path, marker = bomb
+    url = path.as_uri()  # file:///...: through fsspec, as s3:// or http:// would be
+    _, status = run_main(["test", "--config", "residual", *TINY, "--data.stride", "2048", "--ckpt_path", url])
+    assert not marker.exists()
+    assert_refused(capsys, status, url, "getattr")
+
+
 def test_an_os_system_pickle_names_it(capsys, tmp_path):
     class System:
         def __reduce__(self):
