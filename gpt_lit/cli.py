@@ -6,7 +6,9 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``interrupted.ckpt`` and pr
 ``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
 Every ``fit`` saves ``last.ckpt`` after each epoch (atomically; see gpt_lit/checkpointing.py), unless
 ``--trainer.enable_checkpointing false``. ``--ckpt_path last`` / ``best`` in a new process use the latest run of
-the config's name. ``test`` and ``predict`` on a run's checkpoint write into that run's folder.
+the config's name. ``test`` and ``predict`` on a run's checkpoint write into that run's folder. Every
+checkpoint is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true``
+loads a trusted file that needs more.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class GPTLitCLI(LightningCLI):
         # would run code is refused before any of it runs, and restored by Lightning with weights_only=True too,
         # unless --trust_checkpoint and the file needs it. Lightning's own --weights_only stays parseable (every
         # run's config.yaml has `weights_only: null`) but is not a second switch.
+        global _CKPT_PATH
         self.checkpoint: dict[str, Any] | None = None
         subcommand = self.config.get("subcommand")
         if not subcommand:
@@ -125,9 +128,7 @@ class GPTLitCLI(LightningCLI):
         if config.get("weights_only") is False:
             raise GptLitError(f"--weights_only false: to load a checkpoint you trust as code, use {TRUST_OPTION}")
         self.weights_only = not trust  # what Lightning's restore gets (True unless trusted and needed)
-        path = config.get("ckpt_path")
-        global _CKPT_PATH
-        _CKPT_PATH = path
+        path = _CKPT_PATH = config.get("ckpt_path")
         if path in ("last", "best"):  # in a new process: the latest run of this config's name
             path = latest_checkpoint(runs_folder(config.trainer), path, trust)
             config.ckpt_path = path
