@@ -1,11 +1,10 @@
 """What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise.
 
-Three messages are dropped, each matched exactly (every other warning and log line still shows):
+Two messages are dropped, each matched exactly (every other warning and log line still shows):
 
 - Lightning's "💡 Tip: For seamless cloud logging ... try installing litlogger" advertisement, at every start;
 - PyTorch's "`isinstance(treespec, LeafSpec)` is deprecated" FutureWarning, which Lightning's own
-  ``_pytree`` helper triggers once in every process;
-- Lightning's "`weights_only` was not set, defaulting to `False`." when a checkpoint is saved on Ctrl-C.
+  ``_pytree`` helper triggers once in every process.
 
 The model summary leaves out its FLOPs column when it has no FLOPs to show: Lightning counts them only for a
 model with an ``example_input_array``, and prints a column of zeros otherwise. The progress bar leaves out
@@ -27,7 +26,6 @@ DROPPED_LOG_LINES = {
     # logger name: the start of each message dropped from it
     "lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
     "lightning.fabric.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
-    "lightning.pytorch.trainer.connectors.checkpoint_connector": ("`weights_only` was not set, defaulting to `False`",),
 }
 DROPPED_WARNINGS = [(r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)]
 

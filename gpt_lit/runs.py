@@ -36,8 +36,9 @@ def run_of(ckpt_path: str | None) -> Path | None:
     return run if Path(ckpt_path).parent.name == "checkpoints" and is_run else None
 
 
-def latest_checkpoint(folder: Path | None, which: str) -> str:
-    """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``."""
+def latest_checkpoint(folder: Path | None, which: str, trust: bool = False) -> str:
+    """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``
+    (found in last.ckpt, read as data unless ``trust``: see ``read_checkpoint``)."""
     looked = f"{folder}/version_*/checkpoints/last.ckpt" if folder else "nowhere: the logger has no save_dir"
     versions = folder.glob("version_*/checkpoints/last.ckpt") if folder else []
     number = lambda p: int(m[1]) if (m := re.fullmatch(r"version_(\d+)", p.parent.parent.name)) else -1  # noqa: E731
@@ -50,7 +51,7 @@ def latest_checkpoint(folder: Path | None, which: str) -> str:
     last = found[-1]
     if which == "last":
         return str(last)
-    states = read_checkpoint(str(last)).get("callbacks", {}).values()
+    states = read_checkpoint(str(last), trust)[0].get("callbacks", {}).values()
     best = [s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")]
     if not best or not (last.parent / Path(best[0]).name).is_file():
         raise GptLitError(
