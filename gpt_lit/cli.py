@@ -56,7 +56,7 @@ class GPTLitParser(LightningArgumentParser):
         if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
             super().error(message, ex)
         source = where_from(one_line(message), with_shipped_configs(_COMMAND_LINE))  # a config named, as its file
-        if " is not valid YAML: " in source:
+        if " is not valid YAML: " in source or " is not a config: " in source:
             fail(source)
         fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")
 

@@ -165,11 +165,14 @@ class LastCheckpoint(Checkpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._take_sigterm()
         # Resumed from a checkpoint at step S: TensorBoard hides events with step >= S from the run's older event
-        # files (a SessionLog START, what SummaryWriter(purge_step=S) writes). The old run's values for the steps
-        # before S stay; those it logged after that checkpoint (if it was stopped later) are redone now.
+        # files when it reads a SessionLog START at step S (what SummaryWriter(purge_step=S) writes). The old run's
+        # values for the steps before S stay; those it logged after that checkpoint (if it stopped later) are
+        # redone now. Two of them: TensorBoard's data server takes a run's first START for the start of its first
+        # session and purges nothing there.
         if trainer.ckpt_path is None or trainer.global_step == 0 or not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                writer = logger.experiment._get_file_writer()  # torch's SummaryWriter: the file writer
-                writer.add_event(Event(step=trainer.global_step, session_log=SessionLog(status=SessionLog.START)))
+                writer = logger.experiment._get_file_writer()  # torch's SummaryWriter: its file writer
+                for _ in range(2):
+                    writer.add_event(Event(step=trainer.global_step, session_log=SessionLog(status=SessionLog.START)))
