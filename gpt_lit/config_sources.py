@@ -41,8 +41,10 @@ def where_from(message: str, args: Sequence[str]) -> str:
     for path in _config_files(args):  # a file that is not YAML at all, or holds nothing
         try:
             if yaml.safe_load(Path(path).read_text(encoding="utf-8")) is None:
-                return f"{path} is not a config: the file is empty (a config holds options as YAML keys; see " \
+                return (
+                    f"{path} is not a config: the file is empty (a config holds options as YAML keys; see "
                     "the shipped configs, or `python -m gpt_lit fit --print_config`)"
+                )
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = f", line {mark.line + 1}" if mark else ""

@@ -151,3 +151,33 @@ def test_ckpt_path_last_with_several_loggers_looks_where_the_first_one_logs(tmp_
     tensorboard = Namespace(class_path="TensorBoardLogger", init_args=Namespace(save_dir="logs", name="residual"))
     csv = Namespace(class_path="CSVLogger", init_args=Namespace(save_dir="csv", name="lightning_logs"))
     assert runs_folder(Namespace(logger=[tensorboard, csv])) == Path("logs/residual")
+
+
+# -- three inputs that ended without a clear line ---------------------------------------------------------------
+
+
+def error_line(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_negative_num_workers_is_one_error_line(capsys):
+    line = error_line(["fit", *TINY, "--data.num_workers", "-1"], capsys)
+    assert line == "error: data.num_workers must be 0 (load in the main process) or more, got -1"
+
+
+def test_a_bad_key_in_a_config_given_with_c_names_the_file_and_line(tmp_path, capsys):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  lr: 0.001\n  bogus: 3\n")
+    line = error_line(["fit", "-c", str(mine)], capsys)
+    assert line.startswith("error: ") and "model.bogus" in line and f"in {mine}, line 3" in line, line
+
+
+def test_an_empty_config_file_says_so(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    line = error_line(["fit", "--config", str(empty)], capsys)
+    assert line.startswith(f"error: {empty} is not a config: the file is empty"), line

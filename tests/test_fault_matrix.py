@@ -37,7 +37,7 @@ RUN = [
 # The stops, fired by a callback at the chosen moment: signals to this process, as a terminal or a scheduler sends
 # them; a kill -9 in the middle of writing a checkpoint (its fsync, after the bytes and before the rename); a file
 # size limit of 10 MB from then on (the checkpoints are ~39 MB), which fails a write as a full disk does.
-STOP = '''
+STOP = """
 import os, resource, signal
 from lightning.pytorch.callbacks import Callback
 
@@ -78,7 +78,7 @@ class Stop(Callback):
     def on_train_end(self, trainer, pl_module):
         if self.moment == "after_last_epoch":
             self.fire()
-'''
+"""
 
 STOPS = ["ctrl_c", "ctrl_c_twice", "sigterm", "kill9", "full_disk"]
 MOMENTS = ["mid_step", "validation", "epoch_end", "sanity_check", "after_last_epoch"]
