@@ -33,7 +33,7 @@ class CtrlCAt(Callback):
             signal.raise_signal(signal.SIGINT)
 
 
-def test_ctrl_c_then_the_printed_command_then_test_and_predict_use_the_final_weights(tmp_path, capsys):
+def test_ctrl_c_then_the_printed_command_then_test_and_predict_use_the_final_weights(tmp_path, capfd):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (CI may ignore SIGINT)
     logs = ["--trainer.logger.init_args.save_dir", str(tmp_path)]
     try:
@@ -44,7 +44,7 @@ def test_ctrl_c_then_the_printed_command_then_test_and_predict_use_the_final_wei
     finally:
         signal.signal(signal.SIGINT, previous)
     run = tmp_path / "residual" / "version_0"
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert "finishing this step; Ctrl-C again to stop at once" in err and "Traceback" not in err
     line = err.strip().splitlines()[-1]
     assert line == (
