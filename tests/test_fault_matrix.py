@@ -100,6 +100,9 @@ QUICK = {
 assert QUICK <= set(CASES)
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     CASES = [case for case in CASES if case in QUICK]
+# last.ckpt's global step after one Ctrl-C or SIGTERM at each moment: after the step under way (epoch 1's first,
+# step 2); after epoch 0's evaluation and end (2 steps); after the first step following the sanity check.
+STOPPED_AT = {"mid_step": 3, "validation": 2, "epoch_end": 2, "sanity_check": 1}
 EVERY_STEP = {"every_n_train_steps": 1, "save_top_k": 2, "monitor": "loss/train_step", "save_last": True,
               "filename": "step{step}"}  # fmt: skip
 
@@ -214,6 +217,8 @@ def test_stop_and_resume(stop, moment, config, reference, stop_module, capsys, m
     if code == 0:  # the stop came when fit was over: nothing to resume
         assert moment == "after_last_epoch", last_line
     elif "resume with: " in last_line:
+        if stop in ("ctrl_c", "sigterm"):  # saved where it stopped: the step, or the evaluation and the epoch's end
+            assert torch.load(last, weights_only=False)["global_step"] == STOPPED_AT[moment]
         command = shlex.split(last_line.split("resume with: ")[1])
         assert command[:3] == ["python", "-m", "gpt_lit"] and f"--ckpt_path {last}" in last_line
         main(command[3:])
