@@ -155,7 +155,7 @@ class LastCheckpoint(Checkpoint):
             return
         self._saving = True
         try:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # all a resume needs, not the weights only
         finally:
             self._saving = False
         self.saved_step = trainer.global_step
