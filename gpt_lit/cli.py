@@ -1,14 +1,15 @@
 """``python -m gpt_lit {fit,validate,test,predict}``: LightningCLI over GPTLightning and TimeMachineData.
 
 Every mistake a user can fix ends the same way: one line on stderr starting with ``error:``, exit code 2,
-no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``interrupted.ckpt`` and prints how to resume.
+no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints how to resume.
 
 ``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
-Every ``fit`` saves ``last.ckpt`` after each epoch (atomically; see gpt_lit/checkpointing.py), unless
-``--trainer.enable_checkpointing false``. ``--ckpt_path last`` / ``best`` in a new process use the latest run of
-the config's name. ``test`` and ``predict`` on a run's checkpoint write into that run's folder. Every
-checkpoint is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true``
-loads a trusted file that needs more.
+Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
+gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
+``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name. ``test`` and
+``predict`` on a run's checkpoint write into that run's folder. Every checkpoint
+is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
+trusted file that needs more.
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ import lightning.pytorch as pl
 from jsonargparse import ActionConfigFile
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from gpt_lit.callbacks.finite_loss import FiniteLoss
-from gpt_lit.callbacks.interrupt import InterruptCheckpoint
+from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint, refusal
-from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
+from gpt_lit.checkpointing import AtomicCheckpointIO
 from gpt_lit.config_names import shipped_configs, with_shipped_configs
 from gpt_lit.config_sources import where_from
 from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
@@ -60,7 +61,7 @@ class GPTLitParser(LightningArgumentParser):
         if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
             super().error(message, ex)
         source = where_from(one_line(message), with_shipped_configs(_COMMAND_LINE))  # a config named, as its file
-        if " is not valid YAML: " in source:
+        if " is not valid YAML: " in source or " is not a config: " in source:
             fail(source)
         fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")
 
@@ -144,16 +145,20 @@ class GPTLitCLI(LightningCLI):
         config = self._get(self.config_init, "trainer", default={})
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
-        defaults = self.trainer_defaults.get("callbacks", [])
-        if config.get("enable_checkpointing") is False:  # off means off: ours and the config's
+        if self.subcommand != "fit" or config.get("enable_checkpointing") is False:
+            # Off means off: the config's checkpoint callbacks too. validate/test/predict save nothing; without
+            # them no ModelCheckpoint reloads its state from the checkpoint and warns that its dirpath changed.
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
-            defaults = [cb for cb in defaults if not isinstance(cb, Checkpoint)]
-            self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
-        elif not any(isinstance(cb, ModelCheckpoint) for cb in [*callbacks, *defaults]):
-            callbacks.append(EpochCheckpoint(save_top_k=0))  # a config without one still saves last.ckpt every epoch
-        # Atomic saves, whatever --trainer.plugins the user gives (unless it is a CheckpointIO of their own).
+            kwargs["enable_checkpointing"] = False
+        else:
+            callbacks.append(LastCheckpoint())  # last.ckpt, whatever checkpoint callbacks the config lists
+        # Atomic saves, whatever --trainer.plugins the user gives (unless it is a CheckpointIO of their own);
+        # AsyncCheckpointIO without a CheckpointIO to wrap wraps the atomic one.
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list) else [plugins]
+        for plugin in plugins:
+            if isinstance(plugin, AsyncCheckpointIO) and plugin.checkpoint_io is None:
+                plugin.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
         trainer = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
@@ -179,18 +184,18 @@ class GPTLitCLI(LightningCLI):
         except SystemExit as e:  # Lightning ends Ctrl-C with sys.exit(1) and SIGTERM with a SIGTERMException
             if self.trainer.state.status != TrainerStatus.INTERRUPTED:
                 raise
-            # InterruptCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
-            stoppers = [cb.stopped_by for cb in self.trainer.callbacks if isinstance(cb, InterruptCheckpoint)]
+            # LastCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
+            stoppers = [cb.stopped_by for cb in self.trainer.callbacks if isinstance(cb, LastCheckpoint)]
             by = stoppers[0] if stoppers else "SIGTERM" if isinstance(e, SIGTERMException) else "Ctrl-C"
             if rank_zero_only.rank == 0:
                 print(f"error: {subcommand} stopped by {by}{self._how_to_resume()}", file=sys.stderr)
             sys.exit(143 if by == "SIGTERM" else 130)
 
     def _how_to_resume(self) -> str:
-        saved = [cb.saved_path for cb in self.trainer.callbacks if isinstance(cb, InterruptCheckpoint)]
+        saved = [cb.saved_path for cb in self.trainer.callbacks if isinstance(cb, LastCheckpoint)]
         saved = [path for path in saved if path]
         if not saved:
-            return ""
+            return "; no checkpoint was saved yet: start it again"
         config = os.path.join(self.trainer.log_dir or "", "config.yaml")
         command = "python -m gpt_lit fit" + (f" --config {config}" if os.path.isfile(config) else " <same arguments>")
         command += f" --ckpt_path {saved[0]}"
@@ -215,8 +220,8 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             args=args,
             parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
-            # Always on, whatever the config: stop at a NaN loss, save on Ctrl-C/SIGTERM, exact resumes.
-            trainer_defaults={"callbacks": [FiniteLoss(), InterruptCheckpoint(), RNGState(), *extra_callbacks]},
+            # Always on, whatever the config: stop at a NaN loss, exact resumes (and LastCheckpoint, in fit).
+            trainer_defaults={"callbacks": [FiniteLoss(), RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate and run the GPT of 'The transformer block'."},
         )
     except (GptLitError, MisconfigurationException) as e:

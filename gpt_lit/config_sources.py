@@ -28,16 +28,23 @@ def _yaml_keys(path: str) -> dict[str, tuple[int, str | None]]:
     return keys
 
 
+CONFIG_OPTIONS = ("--config", "-c")
+
+
 def _config_files(args: Sequence[str]) -> list[str]:
-    return [b for a, b in zip(args, args[1:], strict=False) if a == "--config"]
+    return [b for a, b in zip(args, args[1:], strict=False) if a in CONFIG_OPTIONS]
 
 
 def where_from(message: str, args: Sequence[str]) -> str:
     """Where the bad part of ``message`` came from: a YAML file (and line) or a command-line option; "" if unknown."""
-    args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
-    for path in _config_files(args):  # a file that is not YAML at all
+    args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith(("--config=", "-c=")) else [arg])]
+    for path in _config_files(args):  # a file that is not YAML at all, or holds nothing
         try:
-            yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            if yaml.safe_load(Path(path).read_text(encoding="utf-8")) is None:
+                return (
+                    f"{path} is not a config: the file is empty (a config holds options as YAML keys; see "
+                    "the shipped configs, or `python -m gpt_lit fit --print_config`)"
+                )
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = f", line {mark.line + 1}" if mark else ""
@@ -51,7 +58,7 @@ def where_from(message: str, args: Sequence[str]) -> str:
     value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)  # a bad value: the source that gave it
     wanted = value[1] if value else None
     for i, arg in enumerate(args):  # parsing stops at the first source with the bad key or value
-        if arg == "--config" and i + 1 < len(args) and key in (keys := _yaml_keys(args[i + 1])):
+        if arg in CONFIG_OPTIONS and i + 1 < len(args) and key in (keys := _yaml_keys(args[i + 1])):
             line, given = keys[key]
             if wanted is None or given == wanted:
                 return f"in {args[i + 1]}, line {line}"

@@ -228,6 +228,8 @@ class TimeMachineData(L.LightningDataModule):
             raise GptLitError(
                 "data.context_length, data.stride, data.batch_size and data.eval_batch_size must be positive"
             )
+        if num_workers < 0:
+            raise GptLitError(f"data.num_workers must be 0 (load in the main process) or more, got {num_workers}")
         if not 0.0 < train_fraction < 1.0:
             raise GptLitError(f"data.train_fraction must be between 0 and 1, got {train_fraction}")
         self.data_dir = data_dir or default_data_dir()

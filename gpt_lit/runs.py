@@ -17,8 +17,11 @@ LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
 
 
 def runs_folder(trainer: Namespace) -> Path | None:
-    """Where the configured logger puts the ``version_N`` run folders (None for a logger without one)."""
+    """Where the configured logger (the first of a list, as Lightning's ``log_dir``) puts the ``version_N`` run
+    folders (None for a logger without one)."""
     logger, root = trainer.get("logger"), trainer.get("default_root_dir") or "."
+    if isinstance(logger, list):
+        logger = logger[0] if logger else False
     if logger is None or logger is True:  # Lightning's default TensorBoardLogger
         return Path(root) / "lightning_logs"
     init = logger.get("init_args") if isinstance(logger, Namespace) else None
@@ -36,26 +39,42 @@ def run_of(ckpt_path: str | None) -> Path | None:
     return run if Path(ckpt_path).parent.name == "checkpoints" and is_run else None
 
 
+def version_number(run: Path) -> int:
+    """N of a ``version_N`` run folder (-1 for another name): version_10 is newer than version_2."""
+    match = re.fullmatch(r"version_(\d+)", run.name)
+    return int(match[1]) if match else -1
+
+
 def latest_checkpoint(folder: Path | None, which: str, trust: bool = False) -> str:
     """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``
     (found in last.ckpt, read as data unless ``trust``: see ``read_checkpoint``)."""
-    looked = f"{folder}/version_*/checkpoints/last.ckpt" if folder else "nowhere: the logger has no save_dir"
-    versions = folder.glob("version_*/checkpoints/last.ckpt") if folder else []
-    number = lambda p: int(m[1]) if (m := re.fullmatch(r"version_(\d+)", p.parent.parent.name)) else -1  # noqa: E731
-    found = sorted(versions, key=number)
-    if not found:
+    if folder is None:
         raise GptLitError(
-            f"--ckpt_path {which}: no run with a checkpoint; looked for {looked} (from {Path.cwd()}). Train one "
-            f"with `{PROG} fit` and the same config, or give a checkpoint's path"
+            f"--ckpt_path {which}: the logger has no save_dir, so there is no run folder to look in; give a "
+            f"checkpoint's path"
         )
-    last = found[-1]
+    runs = sorted((p for p in folder.glob("version_*") if p.is_dir() and version_number(p) >= 0), key=version_number)
+    if not runs:
+        raise GptLitError(
+            f"--ckpt_path {which}: no run in {folder} (from {Path.cwd()}). Train one with `{PROG} fit` and the same "
+            f"config, or give a checkpoint's path"
+        )
+    run = runs[-1]
+    last = run / "checkpoints" / "last.ckpt"
+    if not last.is_file():
+        older = [r for r in runs[:-1] if (r / "checkpoints" / "last.ckpt").is_file()]
+        hint = f"; the newest with one: --ckpt_path {older[-1]}/checkpoints/last.ckpt" if older else ""
+        raise GptLitError(
+            f"--ckpt_path {which}: the newest run, {run}, has no checkpoint (no {last.name} in {last.parent}: it "
+            f"stopped before its first save, or ran with checkpointing off){hint}"
+        )
     if which == "last":
         return str(last)
     states = read_checkpoint(str(last), trust)[0].get("callbacks", {}).values()
     best = [s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")]
     if not best or not (last.parent / Path(best[0]).name).is_file():
         raise GptLitError(
-            f"--ckpt_path best: the latest run, {last.parent.parent}, keeps no best checkpoint (its config has no "
+            f"--ckpt_path best: the newest run, {run}, keeps no best checkpoint (its config has no "
             f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a checkpoint's path"
         )
     return str(last.parent / Path(best[0]).name)

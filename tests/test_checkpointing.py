@@ -1,125 +1,183 @@
-"""What `fit` leaves in checkpoints/: last.ckpt the latest epoch, sharing the best's bytes; a full disk loses nothing.
+"""What `fit` leaves in checkpoints/, and how it is written: last.ckpt is always the newest exact state, whatever
+checkpoint callbacks the config lists; a save that fails leaves the previous file whole; ``--ckpt_path last|best``.
 
-The runs use the tiny model; the exact-resume tests in test_resume.py resume from the same (linked) last.ckpt.
+Stopping and resuming (Ctrl-C, SIGTERM, kill -9, a full disk) at every moment: test_fault_matrix.py.
 """
 
+import errno
+import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO, TINY
+from jsonargparse import Namespace
 
+from gpt_lit import checkpointing
 from gpt_lit.checkpointing import AtomicCheckpointIO
 from gpt_lit.cli import main
+from gpt_lit.errors import GptLitError
+from gpt_lit.runs import latest_checkpoint, runs_folder
 
 RUN = [
-    *TINY, "--data.eval_train", "false",
+    *TINY, "--data.eval_train", "false", "--data.eval_batch_size", "8",
     "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 
 
-def fit(config: str | Path, save_dir: Path, *args: str) -> Path:
-    """Train in this process (as `python -m gpt_lit fit` does); return the run's checkpoints folder."""
-    main(["fit", "--config", str(config), *RUN, "--trainer.logger.init_args.save_dir", str(save_dir), *args])
-    return save_dir / "residual" / "version_0" / "checkpoints"  # every config here is residual.yaml's, edited
-
-
-def step_and_epoch(path: Path) -> tuple[int, int]:
+def loops(path: Path) -> tuple[int, int]:
+    """(global step, epochs whose end hooks ran) of a checkpoint."""
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    return ckpt["global_step"], ckpt["epoch"]
+    return ckpt["global_step"], ckpt["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"]
 
 
-def test_last_is_the_final_epoch_when_the_best_is_earlier(tmp_path):
-    # Keep the epoch with the *highest* validation loss as "best": the first one, as the loss falls.
-    config = tmp_path / "residual_worst.yaml"
-    config.write_text((REPO / "configs/residual.yaml").read_text().replace("mode: min", "mode: max"))
-    ckpts = fit(config, tmp_path, "--trainer.max_epochs", "3")
-    assert sorted(p.name for p in ckpts.iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]
-    assert step_and_epoch(ckpts / "best-epoch00.ckpt") == (2, 0)
-    assert step_and_epoch(ckpts / "last.ckpt") == (6, 2)  # all 3 x 2 steps: the final weights
-    assert not os.path.samefile(ckpts / "last.ckpt", ckpts / "best-epoch00.ckpt")
-
-
-def test_last_and_best_of_the_same_epoch_are_one_file(tmp_path):
-    ckpts = fit(REPO / "configs/residual.yaml", tmp_path, "--trainer.max_epochs", "2")
-    last, best = ckpts / "last.ckpt", ckpts / "best-epoch01.ckpt"
-    assert sorted(p.name for p in ckpts.iterdir()) == [best.name, last.name]  # no temporary file left
-    assert os.path.samefile(last, best) and last.stat().st_nlink == 2  # a hard link
-    on_disk = sum(p.stat().st_blocks * 512 for p in {p.stat().st_ino: p for p in ckpts.iterdir()}.values())
-    assert on_disk < 1.01 * last.stat().st_size + 65536  # one file's bytes, not two
-    assert step_and_epoch(last) == (4, 1)
+def test_last_is_the_final_state_whatever_model_checkpoints_the_config_lists(tmp_path):
+    # The shipped ModelCheckpoint with mode max and save_last (its best is epoch 0, the highest validation loss),
+    # and beside it one saving every step (monitor loss/train_step, top 2, save_last): Lightning alone would
+    # leave last.ckpt at step 2 or before the last epoch's evaluation; and with last-v1.ckpt beside it.
+    config = tmp_path / "mine.yaml"
+    shipped = (REPO / "configs/residual.yaml").read_text().replace("mode: min", "mode: max")
+    save_last = "auto_insert_metric_name: false\n        save_last: true"
+    config.write_text(shipped.replace("auto_insert_metric_name: false", save_last))
+    every_step = {"every_n_train_steps": 1, "save_top_k": 2, "monitor": "loss/train_step", "save_last": True,
+                  "filename": "step{step}"}  # fmt: skip
+    every_step = json.dumps({"class_path": "ModelCheckpoint", "init_args": every_step})
+    main(["fit", "--config", str(config), *RUN, "--trainer.max_epochs", "3", "--trainer.logger.init_args.save_dir",
+          str(tmp_path), f"--trainer.callbacks+={every_step}"])  # fmt: skip
+    ckpts = tmp_path / "residual" / "version_0" / "checkpoints"
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert "last.ckpt" in names and "best-epoch00.ckpt" in names and not [n for n in names if "last-v" in n], names
+    assert len([n for n in names if n.startswith("step")]) == 2
+    assert loops(ckpts / "last.ckpt") == (6, 3)  # all 3 x 2 steps, and the last epoch's end
+    assert loops(ckpts / "best-epoch00.ckpt")[0] == 2
+    # --ckpt_path best is the best file, last is last.ckpt (the newest run: version_0 only here)
+    assert latest_checkpoint(tmp_path / "residual", "best") == str(ckpts / "best-epoch00.ckpt")
+    assert latest_checkpoint(tmp_path / "residual", "last") == str(ckpts / "last.ckpt")
 
 
 def test_a_config_without_a_model_checkpoint_still_saves_last(tmp_path):
     text = (REPO / "configs/residual.yaml").read_text()
     config = tmp_path / "mine.yaml"
-    config.write_text(text[: text.index("    - class_path: gpt_lit.checkpointing.EpochCheckpoint")])
-    assert "ModelCheckpoint" not in config.read_text() and "EpochCheckpoint" not in config.read_text()
-    ckpts = fit(config, tmp_path, "--trainer.max_epochs", "2")
+    config.write_text(text[: text.index("    - class_path: lightning.pytorch.callbacks.ModelCheckpoint")])
+    main(["fit", "--config", str(config), *RUN, "--trainer.max_epochs", "1",
+          "--trainer.logger.init_args.save_dir", str(tmp_path)])  # fmt: skip
+    ckpts = tmp_path / "residual" / "version_0" / "checkpoints"
     assert [p.name for p in ckpts.iterdir()] == ["last.ckpt"]
-    assert step_and_epoch(ckpts / "last.ckpt") == (4, 1)
+    assert loops(ckpts / "last.ckpt") == (2, 1)
 
 
-def test_checkpointing_can_be_turned_off(tmp_path):
-    off = ["--trainer.max_epochs", "1", "--trainer.enable_checkpointing", "false"]
-    run = fit(REPO / "configs/residual.yaml", tmp_path, *off)
-    assert not run.exists() and any(run.parent.glob("events.out.tfevents.*"))
+# -- the atomic write ----------------------------------------------------------------------------------------
 
 
-def test_atomic_checkpoint_io_keeps_the_old_file_when_a_save_fails(tmp_path):
+def test_the_checkpoint_is_fsynced_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isfile(f"/proc/self/fd/{fd}") or not os.path.isdir(f"/proc/self/fd/{fd}"):
+            synced.append((os.fstat(fd).st_size, (tmp_path / "last.ckpt").exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"w": torch.ones(1000)}, tmp_path / "last.ckpt")
+    size = (tmp_path / "last.ckpt").stat().st_size
+    assert (size, False) in synced  # the whole file was flushed to disk before it took the name
+    assert io.bytes_written == size
+
+
+def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"
-    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
-    assert io.bytes_written == path.stat().st_size
+    io.save_checkpoint({"step": 1, "w": torch.ones(100_000)}, path)
+    real_write = os.write
 
-    class Unpicklable:
-        def __reduce__(self):
-            raise RuntimeError("cannot pickle this")
+    def write_half_then_fill_the_disk(fd, data):  # the first write gets half the bytes on disk, then no room
+        if not hasattr(write_half_then_fill_the_disk, "done"):
+            write_half_then_fill_the_disk.done = True
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(RuntimeError, match="cannot pickle"):
-        io.save_checkpoint({"step": 2, "bad": Unpicklable()}, path)
-    assert torch.load(path, weights_only=False)["step"] == 1  # untouched
-    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
-
-
-# A run whose files may be at most LIMIT bytes (the tiny model's checkpoints are ~39 MB): like a full disk,
-# writing past it fails with "File too large" (SIGXFSZ ignored, so the write returns the error instead).
-FSIZE_LIMITED = """
-import resource, signal, sys
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (20_000_000, 20_000_000))
-from gpt_lit.cli import main
-main(sys.argv[1:])
-"""
+    monkeypatch.setattr(os, "write", write_half_then_fill_the_disk)
+    monkeypatch.setattr(checkpointing.os, "write", write_half_then_fill_the_disk)
+    with pytest.raises(GptLitError) as failed:
+        io.save_checkpoint({"step": 2, "w": torch.zeros(100_000)}, path)
+    monkeypatch.undo()
+    message = str(failed.value)
+    assert message.startswith(f"no room to save checkpoint last.ckpt in {tmp_path} (No space left on device)")
+    assert f"the last good checkpoint is {path}" in message and "\n" not in message
+    assert torch.load(path, weights_only=False)["step"] == 1  # whole and loadable
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
 
 
-def test_a_save_that_runs_out_of_room_keeps_the_last_good_checkpoint(tmp_path):
-    ckpts = fit(REPO / "configs/residual.yaml", tmp_path, "--trainer.max_epochs", "1")
-    last = ckpts / "last.ckpt"
-    before = last.read_bytes()
+# -- --ckpt_path last | best ---------------------------------------------------------------------------------
 
-    resume = ["fit", "--config", str(REPO / "configs/residual.yaml"), *RUN, "--trainer.max_epochs", "2",
-              "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.version", "0",
-              "--ckpt_path", str(last)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(
-        [sys.executable, "-c", FSIZE_LIMITED, *resume], env=env, cwd=tmp_path, capture_output=True, text=True
-    )
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and out.stderr.strip().splitlines()[-1] == errors[0]
-    size = len(before)  # the new checkpoint is the same size as the old one
-    assert errors[0].startswith(f"error: no room to save checkpoint best-epoch01.ckpt in {ckpts} (File too large)")
-    needed = int(errors[0].split("it needs ")[1].split(" bytes")[0].replace(",", ""))
-    assert abs(needed - size) < 0.01 * size
-    assert f"the last good checkpoint is {last}" in errors[0]
 
-    assert sorted(p.name for p in ckpts.iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]  # nothing half-written
-    assert last.read_bytes() == before
-    fit(REPO / "configs/residual.yaml", tmp_path, "--trainer.max_epochs", "2",
-        "--trainer.logger.init_args.version", "0", "--ckpt_path", str(last))  # fmt: skip
-    assert step_and_epoch(last) == (4, 1)  # resumed from it and finished
+def fake_run(runs: Path, version: str, best: str | None = None) -> Path:
+    """A run folder with a last.ckpt (and a best file named in it, as ModelCheckpoint's state does)."""
+    ckpts = runs / version / "checkpoints"
+    ckpts.mkdir(parents=True)
+    callbacks = {"ModelCheckpoint{'monitor': 'loss/val'}": {"best_model_path": str(ckpts / best)}} if best else {}
+    torch.save({"state_dict": {}, "callbacks": callbacks, "version": version}, ckpts / "last.ckpt")
+    if best:
+        torch.save({"state_dict": {}, "version": version}, ckpts / best)
+    return ckpts
+
+
+def test_ckpt_path_last_is_the_newest_run_counting_versions_as_numbers(tmp_path):
+    for version in ["version_0", "version_2", "version_9"]:
+        fake_run(tmp_path, version)
+    newest = fake_run(tmp_path, "version_10", best="best-epoch03.ckpt")
+    assert latest_checkpoint(tmp_path, "last") == str(newest / "last.ckpt")
+    assert latest_checkpoint(tmp_path, "best") == str(newest / "best-epoch03.ckpt")
+
+
+def test_ckpt_path_last_names_a_newer_run_without_a_checkpoint(tmp_path):
+    fake_run(tmp_path, "version_0")
+    (tmp_path / "version_1").mkdir()  # stopped before its first save
+    with pytest.raises(GptLitError, match=r"the newest run, .*version_1, has no checkpoint.*version_0/checkpoints/"):
+        latest_checkpoint(tmp_path, "last")
+
+
+def test_ckpt_path_best_without_a_best_file_says_so(tmp_path):
+    fake_run(tmp_path, "version_0")
+    with pytest.raises(GptLitError, match="keeps no best checkpoint"):
+        latest_checkpoint(tmp_path, "best")
+
+
+def test_ckpt_path_last_with_several_loggers_looks_where_the_first_one_logs(tmp_path):
+    tensorboard = Namespace(class_path="TensorBoardLogger", init_args=Namespace(save_dir="logs", name="residual"))
+    csv = Namespace(class_path="CSVLogger", init_args=Namespace(save_dir="csv", name="lightning_logs"))
+    assert runs_folder(Namespace(logger=[tensorboard, csv])) == Path("logs/residual")
+
+
+# -- three inputs that ended without a clear line ---------------------------------------------------------------
+
+
+def error_line(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_negative_num_workers_is_one_error_line(capsys):
+    line = error_line(["fit", *TINY, "--data.num_workers", "-1"], capsys)
+    assert line == "error: data.num_workers must be 0 (load in the main process) or more, got -1"
+
+
+def test_a_bad_key_in_a_config_given_with_c_names_the_file_and_line(tmp_path, capsys):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  lr: 0.001\n  bogus: 3\n")
+    line = error_line(["fit", "-c", str(mine)], capsys)
+    assert line.startswith("error: ") and "model.bogus" in line and f"in {mine}, line 3" in line, line
+
+
+def test_an_empty_config_file_says_so(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    line = error_line(["fit", "--config", str(empty)], capsys)
+    assert line.startswith(f"error: {empty} is not a config: the file is empty"), line

@@ -24,7 +24,7 @@ from gpt_lit.cli import main
 from gpt_lit.model import GPTConfig
 
 RUN = [
-    "--config", "residual", *TINY,  # the shipped config's callbacks, including its EpochCheckpoint
+    "--config", "residual", *TINY,  # the shipped config's callbacks, including its ModelCheckpoint
     "--trainer.precision", "bf16-mixed",
     "--data.stride", "2048",  # a few windows: the whole-set evaluations take no time
     "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1",
@@ -77,7 +77,7 @@ def run_main(args: list[str], **kwargs):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Two epochs of one step under bf16-mixed, stopped by SIGTERM at step 2 (epoch 1): the epoch-0
-    checkpoints (best, last), the reader's checkpoint of each step, interrupted.ckpt; then resumed from it
+    checkpoints (best, last), the reader's checkpoint of each step, last.ckpt saved on the stop; then resumed from it
     to the end, every ``torch.load`` of that run recorded."""
     cwd = tmp_path_factory.mktemp("run")
     logger = logging.getLogger("lightning.pytorch")  # Lightning's "not set" line comes from a logger under it
@@ -96,7 +96,7 @@ def run(tmp_path_factory):
         _, status = run_main(["fit", *RUN, READER_CKPT, "--trainer.max_epochs", "2"], extra_callbacks=[SigtermAt(2)])
         assert status == 143
         folder = cwd / "lightning_logs" / "residual" / "version_0"
-        ckpt = folder / "checkpoints" / "interrupted.ckpt"
+        ckpt = folder / "checkpoints" / "last.ckpt"
         torch.load = recorded_load
         resumed, status = run_main(["fit", "--config", str(folder / "config.yaml"), "--ckpt_path", str(ckpt)])
         assert status == 0
@@ -179,7 +179,7 @@ def test_every_checkpoint_a_run_writes_is_data_and_resumes(run):
     folder, resumed, messages, loads = run
     saved = sorted(folder.glob("checkpoints/*.ckpt")) + sorted((folder.parents[2] / "reader").glob("*.ckpt"))
     assert [p.name for p in saved] == [
-        "best-epoch00.ckpt", "interrupted.ckpt", "last.ckpt", "epoch=0-step=1.ckpt", "epoch=1-step=2.ckpt",
+        "best-epoch00.ckpt", "last.ckpt", "epoch=0-step=1.ckpt", "epoch=1-step=2.ckpt",
     ]  # fmt: skip
     for path in saved:
         # torch's own scan: nothing beyond what weights_only loads without being told ...
@@ -187,7 +187,7 @@ def test_every_checkpoint_a_run_writes_is_data_and_resumes(run):
         # ... and Lightning's restore (Strategy.load_checkpoint -> TorchCheckpointIO) reads it as data
         assert TorchCheckpointIO().load_checkpoint(path, weights_only=True)["state_dict"], path.name
     assert resumed.global_step == 2 and resumed.current_epoch == 2  # resumed after step 2, finished epoch 1
-    assert [w for f, w in loads if f == "interrupted.ckpt"] == [True, True]  # the CLI's read, then Lightning's restore
+    assert [w for f, w in loads if f == "last.ckpt"][:2] == [True, True]  # the CLI's read, then Lightning's restore
     assert not [m for m in messages if NOT_SET in m]  # Lightning's "defaulting to False" never came up
 
 

@@ -3,7 +3,7 @@
 from gpt_lit.callbacks.figures import ChapterFigures
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.grad_norms import BlockGradNorms
-from gpt_lit.callbacks.interrupt import InterruptCheckpoint
+from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.callbacks.predictions import ContinuationWriter
 from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.callbacks.runs_table import RunsTable
@@ -16,7 +16,7 @@ __all__ = [
     "ChapterFigures",
     "ContinuationWriter",
     "FiniteLoss",
-    "InterruptCheckpoint",
+    "LastCheckpoint",
     "PositionSimilarity",
     "RNGState",
     "RunsTable",

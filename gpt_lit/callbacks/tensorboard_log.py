@@ -22,7 +22,9 @@ def epoch_end_step(trainer: L.Trainer) -> int:
 
 def is_fresh_start(trainer: L.Trainer) -> bool:
     """True at the start of a new run; False when ``fit`` resumed from a checkpoint (its start was logged)."""
-    return trainer.fit_loop.epoch_loop._batches_that_stepped == 0
+    # global_step too: a checkpoint saved in on_train_batch_end holds the step count before Lightning adds that
+    # step to _batches_that_stepped (it adds it after on_train_start, checked against Lightning 2.6.6)
+    return trainer.global_step == 0 and trainer.fit_loop.epoch_loop._batches_that_stepped == 0
 
 
 def tensorboard_writer(trainer: L.Trainer) -> SummaryWriter | None:

@@ -1,0 +1,178 @@
+"""``last.ckpt``: always the newest state a run can resume from exactly; Ctrl-C and SIGTERM save it and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import lightning as L
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
+
+
+class LastCheckpoint(Checkpoint):
+    def __init__(self, dirpath: str | None = None):
+        """Keep ``<dirpath>/last.ckpt`` the newest state training reached that a run resumes from exactly.
+
+        A state is exact after a whole training step with no evaluation due, or after an epoch's evaluation and
+        all its end-of-epoch hooks. ``last.ckpt`` is saved at every epoch's end, after a step at which another
+        checkpoint callback saved (``ModelCheckpoint(every_n_train_steps=...)`` or ``train_time_interval``),
+        when the run is stopped, and at the end of ``fit``. Best and top-k files stay with the ModelCheckpoints
+        the config lists; their own ``save_last`` is turned off here, as this callback owns the name.
+
+        Stops: the first Ctrl-C or a SIGTERM lets training reach the next exact state (the step under way; or
+        the evaluation and the epoch's end, if they come next), saves ``last.ckpt`` there and stops. A second
+        Ctrl-C stops at once without saving: ``last.ckpt`` is then the previous exact state. Under several
+        processes they agree on the stop (one all-reduce of a flag per step). A run resumed from a checkpoint
+        into its old TensorBoard folder hides what the old run logged after that checkpoint, so TensorBoard
+        shows each step once. The GPT CLI adds this callback to every ``fit``.
+
+        Args:
+            dirpath: Folder of ``last.ckpt``; default ``<log_dir>/checkpoints``, the run's checkpoints folder.
+        """
+        self.dirpath = dirpath
+        self.path: str | None = None  # <dirpath>/last.ckpt, once fit has started
+        self.saved_step: int | None = None  # global step of the last.ckpt this process saved last
+        self.stop: str | None = None  # "Ctrl-C" or "SIGTERM" once asked to stop
+        self._stopping = False
+        self._saving = False
+        self._others_saved_at = -1  # global step of another callback's latest save
+        self._handlers: dict[int, Any] = {}
+
+    # -- where ------------------------------------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        folder = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+        folder = trainer.strategy.broadcast(folder)
+        self.path = os.path.join(folder, "last.ckpt")
+        for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
+            if isinstance(callback, ModelCheckpoint) and callback.save_last:
+                if callback.dirpath is None or os.path.realpath(callback.dirpath) == os.path.realpath(folder):
+                    callback.save_last = False  # one writer for last.ckpt: else it writes last-v1.ckpt beside
+
+    @property
+    def saved_path(self) -> str | None:
+        """``last.ckpt`` if there is one (this run's or an earlier run's in the same folder)."""
+        return self.path if self.path and os.path.isfile(self.path) else None
+
+    # -- stops ------------------------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one raises KeyboardInterrupt
+            if rank_zero_only.rank == 0:
+                os.write(2, f"\n{CTRL_C_MESSAGE}\n".encode())  # not print(): the handler may interrupt a print
+        self.stop = self.stop or ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.stop, self._stopping = None, False
+        # Ctrl-C only where it would raise KeyboardInterrupt (a process started with SIGINT ignored keeps it so).
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+
+    def _take_sigterm(self) -> None:
+        # In place of Lightning's SIGTERM handler (registered after on_fit_start), which stops an evaluation
+        # half-way and skips this callback's save.
+        if signal.SIGTERM not in self._handlers and threading.current_thread() is threading.main_thread():
+            self._handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_sigterm()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._handlers.items():
+            if signal.getsignal(signum) == self._on_signal:  # not yet put back (Lightning puts back SIGTERM's)
+                signal.signal(signum, handler)
+        self._handlers = {}
+
+    def _agreed(self, trainer: L.Trainer) -> bool:
+        """Whether any process was asked to stop (every process calls this at the same points)."""
+        if trainer.world_size > 1:
+            return bool(trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False))
+        return self.stop is not None
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        # Lightning raises SIGTERMException once this step's (or this epoch's) values are logged, and ends the run
+        # as stopped (no end-of-fit hooks); a private flag, the one Lightning's own SIGTERM handler sets
+        # (checked against Lightning 2.6.6).
+        self._stopping = True
+        trainer._signal_connector.received_sigterm = True
+
+    @property
+    def stopped_by(self) -> str:
+        """What stopped the run, for the CLI's message: "Ctrl-C" or "SIGTERM"."""
+        return self.stop or "Ctrl-C"
+
+    # -- when -------------------------------------------------------------------------------------------------
+
+    def _exact_after_step(self, trainer: L.Trainer, batch_idx: int) -> bool:
+        """Whether the state after this training step is exact: the step stepped, and no evaluation comes next."""
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return False  # the epoch's evaluation and end come next
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return False
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            return False  # fit ends here: saved at the epoch's end
+        every = trainer.val_check_batch
+        return not (isinstance(every, int) and trainer.enable_validation and (batch_idx + 1) % every == 0)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if not self._saving:
+            self._others_saved_at = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if self._stopping or not self._exact_after_step(trainer, batch_idx):
+            return
+        stop = self._agreed(trainer)
+        if stop or self._others_saved_at == trainer.global_step:
+            self.save(trainer)
+        if stop:
+            self._stop(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end.
+        if self._stopping:
+            return
+        self.save(trainer)
+        if self._agreed(trainer):
+            self._stop(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_step != trainer.global_step:
+            self.save(trainer)
+
+    def save(self, trainer: L.Trainer) -> None:
+        if self.path is None or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        self._saving = True
+        try:
+            trainer.save_checkpoint(self.path, weights_only=False)  # all a resume needs, not the weights only
+        finally:
+            self._saving = False
+        self.saved_step = trainer.global_step
+
+    # -- resuming ---------------------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_sigterm()
+        # Resumed from a checkpoint at step S: TensorBoard hides events with step >= S from the run's older event
+        # files when it reads a SessionLog START at step S (what SummaryWriter(purge_step=S) writes). The old run's
+        # values for the steps before S stay; those it logged after that checkpoint (if it stopped later) are
+        # redone now. Two of them: TensorBoard's data server takes a run's first START for the start of its first
+        # session and purges nothing there.
+        if trainer.ckpt_path is None or trainer.global_step == 0 or not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                writer = logger.experiment._get_file_writer()  # torch's SummaryWriter: its file writer
+                for _ in range(2):
+                    writer.add_event(Event(step=trainer.global_step, session_log=SessionLog(status=SessionLog.START)))
