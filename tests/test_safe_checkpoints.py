@@ -76,9 +76,9 @@ def run_main(args: list[str], **kwargs):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Two epochs of one step under bf16-mixed, stopped by SIGTERM at step 2 (epoch 1): the epoch-0
-    checkpoints (best, last), the reader's checkpoint of each step, last.ckpt saved on the stop; then resumed from it
-    to the end, every ``torch.load`` of that run recorded."""
+    """Two epochs of one step under bf16-mixed, SIGTERM at step 2 (epoch 1 finishes its evaluation and end first):
+    the best checkpoint, the reader's checkpoint of each step, last.ckpt saved on the stop; then resumed from it,
+    every ``torch.load`` of that run recorded."""
     cwd = tmp_path_factory.mktemp("run")
     logger = logging.getLogger("lightning.pytorch")  # Lightning's "not set" line comes from a logger under it
     records, level = Records(), logger.level
@@ -179,7 +179,7 @@ def test_every_checkpoint_a_run_writes_is_data_and_resumes(run):
     folder, resumed, messages, loads = run
     saved = sorted(folder.glob("checkpoints/*.ckpt")) + sorted((folder.parents[2] / "reader").glob("*.ckpt"))
     assert [p.name for p in saved] == [
-        "best-epoch00.ckpt", "last.ckpt", "epoch=0-step=1.ckpt", "epoch=1-step=2.ckpt",
+        "best-epoch01.ckpt", "last.ckpt", "epoch=0-step=1.ckpt", "epoch=1-step=2.ckpt",
     ]  # fmt: skip
     for path in saved:
         # torch's own scan: nothing beyond what weights_only loads without being told ...
