@@ -1,3 +1,5 @@
+import functools
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -5,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt_lit import experiments
 from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
 
 # Importing Lightning before pytest's log capture starts makes its loggers print instead of propagating;
@@ -104,3 +107,20 @@ def windows_by_hand(ids, context_length: int, stride: int):
     x = torch.stack([ids[s : s + context_length] for s in starts])
     y = torch.stack([ids[s + 1 : s + context_length + 1] for s in starts])
     return x, y
+
+
+# The chapter's experiments and its untrained GPT-2 are the suite's costliest computations; each is made once per
+# session and shared by the tests that read it (the model is only ever put in eval mode and read).
+# (Bound here, so that a test may put these in gpt_lit.experiments' place.)
+chapter_experiment = functools.cache(experiments.residual_experiment)
+untrained_gpt2 = functools.cache(experiments.untrained_gpt2)
+chapter_continuation = functools.cache(experiments.continuation)  # greedy, so the same every time
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (its ``main(argv)`` is what `python scripts/<name>.py` runs), without a new
+    Python process: the scripts' imports are the package's, already loaded here."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

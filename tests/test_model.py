@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import untrained_gpt2
 
 from gpt_lit.model import (
     GELU,
@@ -23,8 +24,7 @@ from gpt_lit.tokenizer import get_tokenizer
 
 @pytest.fixture(scope="module")
 def gpt2_seed123() -> GPT:
-    torch.manual_seed(123)
-    return GPT(GPTConfig())
+    return untrained_gpt2(seed=123)  # torch.manual_seed(123); GPT(GPTConfig()), made once per session
 
 
 def test_layer_norm_on_four_numbers():
@@ -118,20 +118,6 @@ def test_the_chapters_batch(gpt2_seed123):
     p = logits[0, -1].softmax(-1)
     assert round(p.max().item(), 6) == 0.000166
     assert round(-(p * p.log()).sum().item(), 2) == 10.67
-
-
-def test_untrained_model_writes_the_chapters_gibberish(gpt2_seed123):
-    enc = get_tokenizer()
-    book = {
-        "The Time Traveller": "The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton"
-        " Richard doubt",
-        "Attention is": "Attention is retrospective programmer programmer programmer programmerLinkedIn programmer"
-        " programmer regress programmer programmer programmer",
-    }
-    for prompt, expected in book.items():
-        out = generate(gpt2_seed123, torch.tensor([enc.encode(prompt)]), max_new_tokens=12)
-        assert out.shape == (1, len(enc.encode(prompt)) + 12)
-        assert enc.decode(out[0].tolist()) == expected
 
 
 def test_causal_mask_later_tokens_never_change_earlier_logits():
