@@ -152,7 +152,7 @@ def test_accelerator_the_machine_lacks(capsys, accelerator):
     ):
         pytest.skip(f"this machine has {accelerator}")
     line = error_line(capsys, "fit", *RUN, "--trainer.accelerator", accelerator)
-    assert f"{accelerator.upper()}Accelerator` can not run on your system" in line
+    assert accelerator.upper() in line  # Lightning's own words after `error:`; gpt_lit's part is the one line
 
 
 @pytest.mark.parametrize(
