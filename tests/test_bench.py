@@ -224,10 +224,10 @@ def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatc
     dm = TimeMachineData(context_length=32, batch_size=4)
     dm.setup("fit")
     T, val_windows = 32, len(dm.val_set)
-    assert (len(dm.train_set), val_windows) == (316, 37)  # a window every 128 tokens (residual.yaml's stride)
+    assert (len(dm.train_set), val_windows) == (317, 37)  # 32 tokens every 128 (residual.yaml's stride)
     assert int(figures["epochs"]) == 1
     assert int(figures["train_tokens"]) == 3 * 4 * T  # 3 batches of 4 windows
-    assert int(figures["eval_tokens"]) == (316 + 37) * T  # both whole sets, once
+    assert int(figures["eval_tokens"]) == (317 + 37) * T  # both whole sets, once
     cfg = GPTConfig(vocab_size=50257, context_length=T, emb_dim=32, n_layers=2, n_heads=2)
     n = count_params(GPT(cfg))
     flops = int(figures["train_tokens"]) * (6 * n + 12 * 2 * T * 32) + int(figures["eval_tokens"]) * (

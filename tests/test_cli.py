@@ -17,6 +17,13 @@ from gpt_lit.module import GPTLightning
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
 
+def build(args: list[str]) -> GPTLitCLI:
+    """The CLI of ``args``, built but not run; the model's tensors on the meta device (shapes only: no memory, no
+    random initialisation of 124M parameters)."""
+    with torch.device("meta"):
+        return GPTLitCLI(GPTLightning, TimeMachineData, args=args, run=False)
+
+
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
     """`python -m gpt_lit <args>` in this process: (exit status, stdout, stderr)."""
     try:
@@ -36,7 +43,7 @@ def test_configs_are_shipped():
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_every_shipped_config_builds(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # loggers and checkpoints would go here
-    cli = GPTLitCLI(GPTLightning, TimeMachineData, args=["--config", str(config)], run=False)
+    cli = build(["--config", str(config)])
     cfg, text = cli.model.model.cfg, config.read_text()
     # the links: the model's position table and vocabulary come from the data
     assert cfg.context_length == cli.datamodule.context_length and cfg.vocab_size == 50257
@@ -58,7 +65,7 @@ def test_every_shipped_config_builds(config, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["residual.yaml", "residual", "configs/residual.yaml", "no_residual_8"])
 def test_a_shipped_config_by_name_from_any_folder(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no configs/ here
-    cli = GPTLitCLI(GPTLightning, TimeMachineData, args=["--config", name], run=False)
+    cli = build(["--config", name])
     stem = Path(name).name.removesuffix(".yaml")
     assert cli.model.model.cfg.n_layers == (8 if stem.endswith("_8") else 4)
     assert cli.model.model.cfg.residual == (not stem.startswith("no_"))
@@ -71,8 +78,8 @@ def test_a_path_that_exists_wins_over_a_name(tmp_path, monkeypatch):
     Path("residual.yaml").write_text(text.replace("max_epochs: 10", "max_epochs: 3"))
     for value in ("residual.yaml", "--config=residual.yaml"):
         args = [value] if value.startswith("--") else ["--config", value]
-        assert GPTLitCLI(GPTLightning, TimeMachineData, args=args, run=False).trainer.max_epochs == 3
-    assert GPTLitCLI(GPTLightning, TimeMachineData, args=["-c", "residual"], run=False).trainer.max_epochs == 10
+        assert build(args).trainer.max_epochs == 3
+    assert build(["-c", "residual"]).trainer.max_epochs == 10
 
 
 def test_an_unknown_config_name_lists_the_shipped_ones(capsys, tmp_path, monkeypatch):

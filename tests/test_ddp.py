@@ -1,7 +1,7 @@
 """Two processes (DDP over gloo, on the CPU) give the answers one process gives.
 
-The book cut as the shipped config cuts it (a window every 128 tokens: 316 training and 37 validation windows,
-so two processes get 19 and 18 validation windows) and a tiny model (windows of 32 tokens). ONE pair of
+The book cut as the shipped config cuts it, a window every 128 tokens, and a tiny model with windows of 32 tokens:
+317 training and 37 validation windows, so two processes get 19 and 18 validation windows. ONE pair of
 processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
 <step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test` and `predict`
 on the checkpoint it left. Lightning starts process 1 itself, by running the same script again, as it does for
@@ -161,7 +161,7 @@ def test_logged_once_and_the_whole_sets_equal_one_process(run):
     assert [s for s, _ in logged["loss/val"]] == [1]  # epoch 0's end, at its last step, as self.log puts it
     assert [s for s, _ in logged["similarity/positions"]] == [0, 1]  # the start, then at loss/val's step
 
-    # Epoch 0's loss/val (37 windows) and loss/train (316) under two processes, against one process
+    # Epoch 0's loss/val (37 windows) and loss/train (317) under two processes, against one process
     # evaluating the checkpoint taken right after them.
     ckpt = run / "checkpoints" / "last.ckpt"
     one = main(["validate", "--config", str(run / "config.yaml"), *ONE, "--ckpt_path", str(ckpt)])

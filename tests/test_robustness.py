@@ -35,12 +35,10 @@ def error_line(capsys, *args: str) -> str:
     return errors[0]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """One tiny finished run (1 epoch): lightning_logs/residual/version_0 with config.yaml and last.ckpt."""
-    root = tmp_path_factory.mktemp("run")
-    main(["fit", *RUN, "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(root)])
-    return root / "residual" / "version_0"
+@pytest.fixture()
+def run_dir(tiny_run):
+    """The session's tiny finished run: lightning_logs/residual/version_0 with config.yaml and last.ckpt."""
+    return tiny_run.version
 
 
 @pytest.fixture(autouse=True)
