@@ -15,7 +15,8 @@ import lightning as L
 import matplotlib.image
 import pytest
 import torch
-from conftest import QUIET_TRAINER
+import torch.nn.functional as F
+from conftest import QUIET_TRAINER, windows_by_hand
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, TENSORS, EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
@@ -106,6 +107,17 @@ def test_gradient_norm_of_every_block_on_logging_steps_only(events):
     assert tags == [f"grad_norm/block_{i}" for i in range(1, N_LAYERS + 1)]
     for tag in tags:  # their values, block by block: test_answers.py, against gradients computed by hand
         assert steps(events, tag) == [1, 3], tag  # 4 steps (0-3), log_every_n_steps=2: Lightning logs steps 1 and 3
+
+
+def test_the_epoch_losses_are_cross_entropy_over_each_sets_windows(run):
+    """limit_val_batches=1: loss/val and loss/train are over the first 8 windows of each set, by hand here."""
+    _, module, data, events = run
+    model = module.model.eval()
+    for ids, tag in ((data.val_set.ids, "loss/val"), (data.train_set.ids, "loss/train")):
+        x, y = windows_by_hand(ids, 32, 128)  # TimeMachineData's default stride: 128
+        with torch.no_grad():
+            loss = F.cross_entropy(model(x[:8]).flatten(0, 1), y[:8].flatten()).item()
+        assert values(events, tag)[-1] == pytest.approx(loss, abs=1e-5), tag
 
 
 def test_every_tag_of_an_epochs_end_shares_the_step_of_the_validation_loss(events):
