@@ -1,15 +1,43 @@
-"""Reading a checkpoint before Lightning restores it: is it there, readable, and of the configured architecture?"""
+"""Reading a checkpoint before Lightning restores it: is it there, readable, data only, of the configured
+architecture?
+
+A checkpoint is a pickle, and unpickling can run any code the file carries. Every checkpoint is therefore
+loaded with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, dicts and the few types
+allowlisted below, nothing else. A checkpoint written by gpt_lit holds nothing more (measured on the
+shipped configs' runs, a ModelCheckpoint of the reader's, Ctrl-C/SIGTERM saves, bf16-mixed, two processes);
+the one extra type, ``GPTConfig``, appears when a GPTLightning made in Python (not by the CLI, which saves
+its config as a dict) saves a checkpoint. A file that needs anything else is refused before any of it runs,
+unless the reader trusts it (``--trust_checkpoint true``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import LightningModule
 
 from gpt_lit.errors import GptLitError, one_line
+from gpt_lit.model import GPTConfig
+
+# Types beyond torch's own allowlist that a gpt_lit checkpoint may hold: plain data, whose unpickling runs none
+# of the file's code. Process-wide, so Lightning's own restore (Trainer.fit/validate/test/predict with
+# weights_only=True) and every process of a multi-process run accept them too.
+SAFE_GLOBALS: list[Any] = [GPTConfig]
+torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+TRUST_OPTION = "--trust_checkpoint true"
+TRUST_HELP = (
+    "Load a checkpoint that holds more than tensors and plain data (an older or foreign file) as the pickle it "
+    "is. Only for a file you trust: unpickling it runs whatever code it carries, with your permissions. Without "
+    "it such a file is refused before any of it runs. (Given per command; not recorded in the run's config.yaml.)"
+)
 
 # where each GPTConfig field is set on the command line (two come from the data module, linked)
 CONFIG_KEYS = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
@@ -21,21 +49,72 @@ def _config_fields(config: Any) -> dict[str, Any]:
     return dict(config) if isinstance(config, dict) else {}
 
 
-def read_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint at ``path`` (memory-mapped, so cheap); a GptLitError when it is missing or unreadable."""
+def refused_global(error: BaseException) -> str:
+    """What ``torch.load(weights_only=True)`` refused to create, from its UnpicklingError's message."""
+    message = str(error)
+    for pattern in (
+        r"GLOBAL (\S+) was not an allowed global",  # a function or class not on the allowlist
+        r"unsupported GLOBAL (\S+) whose module",  # one from a blocked module (os, subprocess, ...)
+        r"(?:but got|got) <class '([^']+)'>",  # an object it was asked to build or fill
+    ):
+        if m := re.search(pattern, message):
+            return m[1]
+    reason = message.split("WeightsUnpickler error:")[-1].strip().splitlines()
+    return one_line(reason[0]) if reason else type(error).__name__
+
+
+def refusal(path: str, error: BaseException) -> str:
+    """The ``error:`` line for a checkpoint that ``weights_only`` loading refused."""
+    return (
+        f"checkpoint {path} was not loaded: it needs {refused_global(error)}, which is not plain data (tensors, "
+        f"numbers, strings, containers), and unpickling it would run code from the file; if you trust the file "
+        f"and where it came from, add {TRUST_OPTION}"
+    )
+
+
+def warn_loaded_as_code(path: str) -> None:
+    if rank_zero_only.rank == 0:
+        print(
+            f"warning: checkpoint {path} was loaded as code ({TRUST_OPTION}): any code it carries has run",
+            file=sys.stderr,
+        )
+
+
+def load_checkpoint(path: str | Path, trust: bool = False, **kwargs: Any) -> tuple[Any, bool]:
+    """``torch.load(path, **kwargs)`` as data only; the file's contents and whether it needed ``trust``.
+
+    A file that holds anything but tensors, plain data and ``SAFE_GLOBALS`` raises a GptLitError naming the
+    refused type, unless ``trust``: then it is unpickled in full (which runs the code it carries) and a
+    ``warning:`` line says so. A file that loads as data is always loaded as data, trusted or not.
+    """
+    try:
+        return torch.load(path, weights_only=True, **kwargs), False
+    except pickle.UnpicklingError as e:
+        if not trust:
+            raise GptLitError(refusal(str(path), e)) from None
+    ckpt = torch.load(path, weights_only=False, **kwargs)
+    warn_loaded_as_code(str(path))
+    return ckpt, True
+
+
+def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], bool]:
+    """The checkpoint at ``path`` (memory-mapped, so cheap) and whether it needed ``trust`` (``load_checkpoint``);
+    a GptLitError when it is missing, unreadable or (without ``trust``) would run code."""
     file = Path(path)
     if not file.exists():
         raise GptLitError(f"checkpoint {path} does not exist")
     if not file.is_file():
         raise GptLitError(f"checkpoint {path} is a directory, not a .ckpt file")
     try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+        ckpt, trusted = load_checkpoint(file, trust, map_location="cpu", mmap=True)
+    except GptLitError:
+        raise
     except Exception as e:  # a truncated zip, a text file, a pickle of something else: all unreadable here
         reason = one_line(e).split(". ")[0] or type(e).__name__
         raise GptLitError(f"{path} is not a readable checkpoint: truncated, or not a PyTorch file ({reason})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise GptLitError(f"{path} is a PyTorch file but not a Lightning checkpoint (it has no state_dict)")
-    return ckpt
+    return ckpt, trusted
 
 
 def check_architecture(path: str, ckpt: dict[str, Any], model: LightningModule) -> None:

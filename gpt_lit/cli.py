@@ -6,12 +6,15 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``interrupted.ckpt`` and pr
 ``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
 Every ``fit`` saves ``last.ckpt`` after each epoch (atomically; see gpt_lit/checkpointing.py), unless
 ``--trainer.enable_checkpointing false``. ``--ckpt_path last`` / ``best`` in a new process use the latest run of
-the config's name. ``test`` and ``predict`` on a run's checkpoint write into that run's folder.
+the config's name. ``test`` and ``predict`` on a run's checkpoint write into that run's folder. Every
+checkpoint is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true``
+loads a trusted file that needs more.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import tempfile
 import traceback
@@ -32,11 +35,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.interrupt import InterruptCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
-from gpt_lit.checkpoint_reading import check_architecture, read_checkpoint
+from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint, refusal
 from gpt_lit.checkpointing import AtomicCheckpointIO, EpochCheckpoint
 from gpt_lit.config_names import shipped_configs, with_shipped_configs
 from gpt_lit.config_sources import where_from
-from gpt_lit.console import quiet_console, use_quiet_summary
+from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.module import GPTLightning
@@ -45,6 +48,8 @@ from gpt_lit.tokenizer import vocab_size
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
 _COMMAND_LINE: list[str] = []
+# The --ckpt_path given, for the refusal of one only Lightning reads (a URL, hpc, registry)
+_CKPT_PATH: str | None = None
 
 
 class GPTLitParser(LightningArgumentParser):
@@ -102,20 +107,34 @@ class GPTLitCLI(LightningCLI):
         # The model's position table and vocabulary come from the data, so the two can never disagree.
         parser.link_arguments("data.context_length", "model.config.context_length")
         parser.link_arguments("data.tokenizer", "model.config.vocab_size", compute_fn=vocab_size)
+        parser.add_argument("--trust_checkpoint", type=bool, default=False, help=TRUST_HELP)
 
     def _parse_ckpt_path(self) -> None:
         # Lightning's version loads the checkpoint's hyperparameters over the parsed config, which silently
         # overrides --model.* options (max_new_tokens, temperature, the architecture). Here the config decides;
         # the checkpoint is only read, so a missing or broken file fails now, and one that does not fit the
         # configured model fails in before_<subcommand>.
+        # Every checkpoint is loaded as data (checkpoint_reading.py): read here with weights_only=True, so one that
+        # would run code is refused before any of it runs, and restored by Lightning with weights_only=True too,
+        # unless --trust_checkpoint and the file needs it. Lightning's own --weights_only stays parseable (every
+        # run's config.yaml has `weights_only: null`) but is not a second switch.
+        global _CKPT_PATH
         self.checkpoint: dict[str, Any] | None = None
         subcommand = self.config.get("subcommand")
-        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        trust, config.trust_checkpoint = bool(config.get("trust_checkpoint")), False  # per command, not in config.yaml
+        if config.get("weights_only") is False:
+            raise GptLitError(f"--weights_only false: to load a checkpoint you trust as code, use {TRUST_OPTION}")
+        self.weights_only = not trust  # what Lightning's restore gets (True unless trusted and needed)
+        path = _CKPT_PATH = config.get("ckpt_path")
         if path in ("last", "best"):  # in a new process: the latest run of this config's name
-            path = latest_checkpoint(runs_folder(self.config[subcommand].trainer), path)
-            self.config[subcommand].ckpt_path = path
+            path = latest_checkpoint(runs_folder(config.trainer), path, trust)
+            config.ckpt_path = path
         if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
-            self.checkpoint = read_checkpoint(path)
+            self.checkpoint, needed_trust = read_checkpoint(path, trust)
+            self.weights_only = not needed_trust
 
     def before_instantiate_classes(self) -> None:
         if self.subcommand in ("test", "predict"):
@@ -139,6 +158,7 @@ class GPTLitCLI(LightningCLI):
             plugins.append(AtomicCheckpointIO())
         trainer = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         use_quiet_summary(trainer)
+        use_quiet_progress_bar(trainer)
         return trainer
 
     def _check_inputs(self) -> None:
@@ -148,6 +168,7 @@ class GPTLitCLI(LightningCLI):
         if self.checkpoint is not None:
             check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
             self.checkpoint = None  # Lightning loads it again itself
+        self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
         check_writable(self.trainer)
 
     before_fit = before_validate = before_test = before_predict = _check_inputs
@@ -200,6 +221,8 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         )
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
+    except pickle.UnpicklingError as e:  # weights_only refused a checkpoint that Lightning, not the CLI, reads
+        fail(refusal(_CKPT_PATH or "--ckpt_path", e))
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
         if rank_zero_only.rank == 0:
             print("error: interrupted", file=sys.stderr)

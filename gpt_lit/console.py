@@ -1,14 +1,14 @@
-"""What a run prints: Lightning's progress bar, model summary and losses, without our dependencies' noise.
+"""What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise.
 
-Three messages are dropped, each matched exactly (every other warning and log line still shows):
+Two messages are dropped, each matched exactly (every other warning and log line still shows):
 
 - Lightning's "💡 Tip: For seamless cloud logging ... try installing litlogger" advertisement, at every start;
 - PyTorch's "`isinstance(treespec, LeafSpec)` is deprecated" FutureWarning, which Lightning's own
-  ``_pytree`` helper triggers once in every process;
-- Lightning's "`weights_only` was not set, defaulting to `False`." when a checkpoint is saved on Ctrl-C.
+  ``_pytree`` helper triggers once in every process.
 
 The model summary leaves out its FLOPs column when it has no FLOPs to show: Lightning counts them only for a
-model with an ``example_input_array``, and prints a column of zeros otherwise.
+model with an ``example_input_array``, and prints a column of zeros otherwise. The progress bar leaves out
+``v_num``, the logger's version number (the run folder's ``version_N``, printed once when the run starts).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from typing import Any
 
 import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 DROPPED_LOG_LINES = {
     # logger name: the start of each message dropped from it
     "lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
     "lightning.fabric.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
-    "lightning.pytorch.trainer.connectors.checkpoint_connector": ("`weights_only` was not set, defaulting to `False`",),
 }
 DROPPED_WARNINGS = [(r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)]
 
@@ -103,3 +102,35 @@ def use_quiet_summary(trainer: Trainer) -> None:
     for i, callback in enumerate(trainer.callbacks):
         if type(callback) in (ModelSummary, RichModelSummary):
             trainer.callbacks[i] = Summary(max_depth=callback._max_depth, **callback._summarize_kwargs)
+
+
+class QuietRichProgressBar(RichProgressBar):
+    """Lightning's rich progress bar without ``v_num`` (Lightning's documented way: override ``get_metrics``)."""
+
+    def get_metrics(self, trainer: Trainer, pl_module: Any) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+class QuietTQDMProgressBar(TQDMProgressBar):
+    """Lightning's tqdm progress bar (used where rich is not installed) without ``v_num``."""
+
+    def get_metrics(self, trainer: Trainer, pl_module: Any) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+QUIET_BARS = {RichProgressBar: QuietRichProgressBar, TQDMProgressBar: QuietTQDMProgressBar}
+
+
+def use_quiet_progress_bar(trainer: Trainer) -> None:
+    """Turn Lightning's progress bar (its default, or one in the config) into the quiet one of the same kind.
+
+    The bar keeps its settings (refresh rate, theme, ...): only its class changes, to a subclass that adds
+    nothing but ``get_metrics``. With ``--trainer.enable_progress_bar false`` there is no bar and nothing to do.
+    """
+    for callback in trainer.callbacks:
+        if type(callback) in QUIET_BARS:
+            callback.__class__ = QUIET_BARS[type(callback)]

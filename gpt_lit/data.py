@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -194,6 +195,7 @@ class TimeMachineData(L.LightningDataModule):
         eval_train: bool = True,
         seed: int = 123,
         num_workers: int = 0,
+        multiprocessing_context: str | None = None,
         prompts: list[str] | None = None,
         prompts_file: str | None = None,
     ):
@@ -216,6 +218,8 @@ class TimeMachineData(L.LightningDataModule):
                 chapter's figure does; logged as loss/train.
             seed: Seed of the training shuffle; epoch e uses seed + e, so resumed runs see the same order.
             num_workers: DataLoader worker processes (0: load in the main process; the data is tiny).
+            multiprocessing_context: How the workers start: "spawn" (macOS's and Windows' default), "fork"
+                (Linux's default) or "forkserver"; None: the platform's default. Only with num_workers > 0.
             prompts: Texts for ``predict`` to continue.
             prompts_file: A text file of prompts for ``predict``, one per line (blank lines skipped).
         """
@@ -231,6 +235,13 @@ class TimeMachineData(L.LightningDataModule):
         self.context_length, self.stride, self.train_fraction = context_length, stride, train_fraction
         self.batch_size, self.eval_batch_size, self.eval_train = batch_size, eval_batch_size, eval_train
         self.seed, self.num_workers = seed, num_workers
+        methods = multiprocessing.get_all_start_methods()
+        if multiprocessing_context is not None and multiprocessing_context not in methods:
+            raise GptLitError(
+                f"data.multiprocessing_context {multiprocessing_context!r} is not a start method here; "
+                f"use one of {', '.join(methods)}, or leave it unset for the platform's default"
+            )
+        self.multiprocessing_context = multiprocessing_context
         self.prompts, self.prompts_file = list(prompts or []), prompts_file
         self.tokenizer = get_tokenizer(tokenizer)
         self.book_ids: torch.Tensor | None = None  # the whole story's tokens (for the unigram baseline)
@@ -270,6 +281,8 @@ class TimeMachineData(L.LightningDataModule):
         # Its own generator, so making an iterator (it draws a seed for the workers) leaves the global one,
         # which dropout uses, alone: a run resumed at an epoch boundary then draws the same dropout masks.
         generator = torch.Generator().manual_seed(self.seed)
+        if self.num_workers > 0:  # DataLoader refuses a start method without workers
+            kw["multiprocessing_context"] = self.multiprocessing_context
         return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
     def state_dict(self) -> dict[str, int]:

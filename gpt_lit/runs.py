@@ -36,8 +36,9 @@ def run_of(ckpt_path: str | None) -> Path | None:
     return run if Path(ckpt_path).parent.name == "checkpoints" and is_run else None
 
 
-def latest_checkpoint(folder: Path | None, which: str) -> str:
-    """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``."""
+def latest_checkpoint(folder: Path | None, which: str, trust: bool = False) -> str:
+    """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``
+    (found in last.ckpt, read as data unless ``trust``: see ``read_checkpoint``)."""
     looked = f"{folder}/version_*/checkpoints/last.ckpt" if folder else "nowhere: the logger has no save_dir"
     versions = folder.glob("version_*/checkpoints/last.ckpt") if folder else []
     number = lambda p: int(m[1]) if (m := re.fullmatch(r"version_(\d+)", p.parent.parent.name)) else -1  # noqa: E731
@@ -50,7 +51,7 @@ def latest_checkpoint(folder: Path | None, which: str) -> str:
     last = found[-1]
     if which == "last":
         return str(last)
-    states = read_checkpoint(str(last)).get("callbacks", {}).values()
+    states = read_checkpoint(str(last), trust)[0].get("callbacks", {}).values()
     best = [s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")]
     if not best or not (last.parent / Path(best[0]).name).is_file():
         raise GptLitError(
@@ -61,13 +62,36 @@ def latest_checkpoint(folder: Path | None, which: str) -> str:
 
 
 def log_beside_run(config: Namespace, subcommand: str) -> None:
-    """``test``/``predict`` on ``<run>/checkpoints/X.ckpt``: point the config's logger at ``<run>/<subcommand>/X/``.
+    """Where ``test`` and ``predict`` write. ``config`` is the parsed configuration of ``test`` or ``predict``
+    (the CLI's ``config[subcommand]``).
 
-    ``config`` is the parsed configuration of ``test`` or ``predict`` (the CLI's ``config[subcommand]``).
+    ``test`` on ``<run>/checkpoints/X.ckpt``: the config's logger goes to ``<run>/test/X/``, so TensorBoard shows
+    the test loss beside the run. ``predict`` logs nothing (TensorBoard would list an empty run); its folder,
+    ``<run>/predict/X/`` for a run's checkpoint and the next ``version_N`` of the config's runs otherwise, becomes
+    the trainer's ``default_root_dir``, where ContinuationWriter saves ``continuations.txt``.
     """
     run = run_of(config.get("ckpt_path"))
-    logger = config.trainer.get("logger") if run else None
+    logger = config.trainer.get("logger")
     init = logger.get("init_args") if isinstance(logger, Namespace) else None
-    if init is not None and "save_dir" in init:
+    if subcommand == "predict":
+        folder = run / "predict" / Path(config.ckpt_path).stem if run else next_run(config.trainer)
+        config.trainer.logger = False
+        if folder is not None:
+            config.trainer.default_root_dir = str(folder)
+    elif run and init is not None and "save_dir" in init:
         init.save_dir, init.name = str(run), subcommand
         init.version = Path(config.ckpt_path).stem
+
+
+def next_run(trainer: Namespace) -> Path | None:
+    """The run folder the configured logger would create: its ``version`` if set, else the next ``version_N``."""
+    folder = runs_folder(trainer)
+    if folder is None:
+        return None
+    logger = trainer.get("logger")
+    init = logger.get("init_args") if isinstance(logger, Namespace) else None
+    version = init.get("version") if init is not None else None
+    if version is None:
+        numbers = [int(m[1]) for p in folder.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+        version = max(numbers, default=-1) + 1
+    return folder / (version if isinstance(version, str) else f"version_{version}")

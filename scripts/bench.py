@@ -7,8 +7,8 @@ and GPT-2 124M's shape at a short context, it measures training and evaluation t
   (b) the same GPT (same weights), loss and optimizer in a bare PyTorch loop,
   (c) ``transformers.GPT2LMHeadModel`` built from a GPT2Config of the same shape (random init, nothing
       downloaded, SDPA attention, ``F.cross_entropy`` on its logits, the same AdamW),
-  (d) the chapter's loop written plainly: logits, ``F.cross_entropy``, PyTorch's default AdamW (the issue's
-      reference; chapter shape only),
+  (d) the chapter's loop written plainly: logits, ``F.cross_entropy``, PyTorch's default AdamW (what a reader
+      would write; chapter shape only),
 and the machine's peak matmul rate (a large ``torch.mm``). The contenders are interleaved step by step: a
 callback runs one step of (b), (c), (d) and the matmul, in rotating order, after every Lightning step, so
 background load hits all alike, and each figure is the fastest of the steps after the first (warm-up): other
@@ -22,7 +22,7 @@ Model FLOPs utilisation = training FLOPs per token x tokens/s / measured matmul 
 where the second term is the attention scores and weighted sums (2 x 2 T emb_dim per token and layer
 forward, x3 with backward; all T positions counted, as in the PaLM paper), in two counts of N:
   ``mfu``              N = every parameter of the model (``count_params``, the chapter's count: 28.9 M for
-                       the chapter's shape), the usual 6 N; the count the issue's targets were measured in;
+                       the chapter's shape), the usual 6 N;
   ``mfu_matmul_only``  N = the weights that do matmuls, n_layers 12 emb_dim^2 + vocab_size emb_dim (16.0 M):
                        the FLOPs the step really does (``torch.utils.flop_counter`` agrees). The token
                        embedding table (12.9 M of the 28.9 M) is a lookup, so ``mfu`` counts 1.8x the real work
@@ -282,7 +282,7 @@ def run_shape(args: argparse.Namespace, shape: Shape, device: torch.device, out:
         hf_opt = adamw(hf.parameters(), module.hparams, device)
         others["hf"] = train_step(hf, hf_loss, hf_opt, loader(train_data, True), device, prec)
         evals["hf"] = eval_step(hf, hf_loss, loader(eval_data, False), device, prec)
-    if headline:  # the chapter's loop written plainly: the reference, and what the speed options buy
+    if headline:  # the chapter's loop written plainly: what a reader would write, and what the speed options buy
         plain = GPT(cfg).to(device)
         plain_opt = torch.optim.AdamW(
             plain.parameters(), lr=module.hparams.lr, weight_decay=module.hparams.weight_decay

@@ -101,7 +101,7 @@ class InterruptCheckpoint(Checkpoint):
 
     def save(self, trainer: L.Trainer) -> None:
         path = os.path.join(self.checkpoint_dir(trainer), f"{self.filename}.ckpt")
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # everything needed to resume, not the weights only
         self.saved_path = path
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

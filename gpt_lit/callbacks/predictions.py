@@ -1,4 +1,4 @@
-"""Write what ``predict`` generated to a file in the run's log directory, and print it."""
+"""Write what ``predict`` generated to a file beside the run it continues from, and print it."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ class ContinuationWriter(BasePredictionWriter):
     def __init__(self, filename: str = "continuations.txt"):
         """Collect every prompt's continuation; print them and save them as ``<log_dir>/<filename>``.
 
+        ``predict`` logs nothing to TensorBoard; its folder (``<run>/predict/<checkpoint>/`` for a run's
+        checkpoint, else the next ``version_N`` of the config's runs) is the trainer's ``log_dir``.
+
         Under several processes each continues its share of the prompts; process 0 gathers them all, puts
         them in the prompts' order, writes the file and prints them, once.
 
         Args:
-            filename: Name of the file written in the run's log directory.
+            filename: Name of the file written in predict's folder.
         """
         super().__init__(write_interval="epoch")
         self.filename = filename
