@@ -1,9 +1,13 @@
+import functools
+import importlib.util
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gpt_lit import experiments
 from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
 
 # Importing Lightning before pytest's log capture starts makes its loggers print instead of propagating;
@@ -42,3 +46,81 @@ def book_path() -> Path:
     if not BOOK.is_file():
         pytest.fail(f"The Time Machine is not at {BOOK}: the package's shipped book is missing")
     return BOOK
+
+
+@dataclass
+class TinyRun:
+    """A finished tiny `fit` of residual.yaml, shared by the tests that only read a run (see ``tiny_run``)."""
+
+    root: Path  # the folder the run was started in: lightning_logs/residual/version_0 is under it
+    version: Path  # lightning_logs/residual/version_0
+    args: list[str]  # the fit's options, for a `test`/`predict`/`--ckpt_path last` on the same config
+    last_val: float  # loss/val after the last epoch, as the run computed it
+
+
+# 2 epochs of 3 steps (lr 0.01, so the weights move), no whole-training-set evaluation; its validation set
+# (37 windows of 32 tokens, one every data.stride = 128 tokens, residual.yaml's) spans three uneven batches of
+# 16, 16 and 5 windows.
+TINY_RUN = [
+    "--config", "residual.yaml", *TINY, "--data.eval_train", "false", "--model.lr", "0.01",
+    "--data.eval_batch_size", "16",
+    "--trainer.limit_train_batches", "3",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> TinyRun:
+    """One tiny run, made once per session, in this process: `fit` for 2 epochs (checkpoints best-epoch01.ckpt
+    and last.ckpt). Tests may add test/ and predict/ outputs beside it, never change what `fit` wrote."""
+    from gpt_lit.cli import main
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    before = os.getcwd()
+    os.chdir(root)  # lightning_logs/ goes here, as in a reader's folder
+    try:
+        fit = main(["fit", *TINY_RUN, "--trainer.max_epochs", "2"])
+    finally:
+        os.chdir(before)
+    last_val = fit.trainer.callback_metrics["loss/val"].item()
+    return TinyRun(root, root / "lightning_logs" / "residual" / "version_0", list(TINY_RUN), last_val)
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar TensorBoard shows for a run folder (all its event files), as (step, value) lists."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def windows_by_hand(ids, context_length: int, stride: int):
+    """(inputs, targets) of every window, counted by hand: a window starts at s when s + context_length + 1 <= len(ids)
+    (its target needs one token more), at s = 0, stride, 2 * stride, ..."""
+    import torch
+
+    starts, s = [], 0
+    while s + context_length + 1 <= len(ids):
+        starts.append(s)
+        s += stride
+    x = torch.stack([ids[s : s + context_length] for s in starts])
+    y = torch.stack([ids[s + 1 : s + context_length + 1] for s in starts])
+    return x, y
+
+
+# The chapter's experiments and its untrained GPT-2 are the suite's costliest computations; each is made once per
+# session and shared by the tests that read it (the model is only ever put in eval mode and read).
+# (Bound here, so that a test may put these in gpt_lit.experiments' place.)
+chapter_experiment = functools.cache(experiments.residual_experiment)
+untrained_gpt2 = functools.cache(experiments.untrained_gpt2)
+chapter_continuation = functools.cache(experiments.continuation)  # greedy, so the same every time
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (its ``main(argv)`` is what `python scripts/<name>.py` runs), without a new
+    Python process: the scripts' imports are the package's, already loaded here."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

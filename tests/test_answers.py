@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
+import math
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import QUIET_TRAINER, REPO, TINY
+from conftest import QUIET_TRAINER, REPO, TINY, scalars, windows_by_hand
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gpt_lit.callbacks import BlockGradNorms, PositionSimilarity, mean_position_similarity
 from gpt_lit.cli import main
-from gpt_lit.data import TimeMachineData
+from gpt_lit.data import TimeMachineData, default_data_dir, load_book
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
@@ -32,29 +33,70 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # lightning_logs/ goes here
 
 
-def scalars(run) -> dict[str, list[tuple[int, float]]]:
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+VAL_SPLIT = 161_722  # the chapter's split: int(0.90 * 179,692 characters of the story)
 
 
-def test_test_loss_is_the_last_validation_loss_and_predict_adds_max_new_tokens():
-    fit = main(["fit", *RUN, "--trainer.max_epochs", "2", "--model.lr", "0.01"])
-    run = fit.trainer.log_dir
-    last_val = fit.trainer.callback_metrics["loss/val"].item()
-    assert last_val < 10.6  # trained: an untrained model's is about ln 50257 = 10.8, and `test` must not get that
+def token_mean_loss_by_hand(model: GPT, ids: torch.Tensor, context_length: int, stride: int) -> tuple[float, int]:
+    """F.cross_entropy over every token of every window of ``ids`` (windows counted by hand), and the window count."""
+    x, y = windows_by_hand(ids, context_length, stride)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(x), 16):  # 16 windows at a time: 16 x 32 x 50257 logits are 100 MB
+            logits = model.eval()(x[i : i + 16])
+            total += F.cross_entropy(logits.flatten(0, 1), y[i : i + 16].flatten(), reduction="sum").item()
+    return total / y.numel(), len(x)
 
-    ckpt = f"{run}/checkpoints/last.ckpt"
-    test = main(["test", "--config", f"{run}/config.yaml", "--ckpt_path", ckpt])
-    assert test.trainer.callback_metrics["test/loss"].item() == pytest.approx(last_val, abs=1e-5)
 
-    prompts = '["The Time Traveller", "It was"]'
-    predict = main(["predict", "--config", f"{run}/config.yaml", "--ckpt_path", ckpt, "--data.prompts", prompts,
-                    "--model.max_new_tokens", "7"])  # fmt: skip
+def greedy_by_hand(model: GPT, ids: list[int], n: int, context_length: int) -> list[int]:
+    """The chapter's greedy loop, written out: argmax of the last position's logits on the last tokens."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(model.eval()(torch.tensor([ids[-context_length:]]))[0, -1].argmax().item())
+    return ids
+
+
+def test_validation_and_test_loss_are_the_token_mean_over_every_validation_window(tiny_run, monkeypatch):
+    version = tiny_run.version
+    model = GPTLightning.load_from_checkpoint(version / "checkpoints" / "last.ckpt").model
+    val_ids = torch.tensor(get_tokenizer().encode(load_book(default_data_dir())[VAL_SPLIT:]))
+    expected, n_windows = token_mean_loss_by_hand(model, val_ids, 32, 128)  # residual.yaml's stride: 128
+    assert n_windows == 37  # eval batches of 16, 16 and 5 windows: the mean of batch means would differ
+    untrained, _ = token_mean_loss_by_hand(GPT(model.cfg), val_ids, 32, 128)
+    assert untrained - expected > 0.05  # the two checkpoints below are told apart from an untrained model
+
+    # the run's last loss/val, as TensorBoard shows it, is the loss of the last checkpoint's weights
+    assert tiny_run.last_val == pytest.approx(expected, abs=2e-5)
+    assert scalars(version)["loss/val"][-1][1] == pytest.approx(expected, abs=2e-5)
+
+    # `test` on that checkpoint (the test set is the validation set), in eval batches of 10, 10, 10 and 7 windows
+    monkeypatch.chdir(tiny_run.root)
+    ckpt = str(version / "checkpoints" / "best-epoch01.ckpt")
+    args = ["--config", str(version / "config.yaml"), "--ckpt_path", ckpt, "--data.eval_batch_size", "10"]
+    test = main(["test", *args, "--trainer.enable_progress_bar", "false"])
+    assert test.trainer.callback_metrics["test/loss"].item() == pytest.approx(expected, abs=2e-5)
+    assert test.trainer.callback_metrics["test/perplexity"].item() == pytest.approx(math.exp(expected), rel=1e-4)
+
+
+def test_predict_appends_max_new_tokens_greedily_to_each_prompt(tiny_run, monkeypatch):
+    version = tiny_run.version
+    monkeypatch.chdir(tiny_run.root)
+    ckpt = str(version / "checkpoints" / "last.ckpt")
+    long = (
+        "The Time Traveller (for so it will be convenient to speak of him) was expounding a recondite matter to us. "
+        "His grey eyes shone and twinkled, and his usually pale face was flushed and animated."
+    )
+    prompts = ["The Time Traveller", "It was", long]  # the third has more tokens than the context of 32
+    with pytest.warns(UserWarning, match="prompt 3 has"):
+        predict = main(["predict", "--config", f"{version}/config.yaml", "--ckpt_path", ckpt, "--data.prompts",
+                        json.dumps(prompts), "--model.max_new_tokens", "7"])  # fmt: skip
     enc = get_tokenizer()
-    [[first], [second]] = predict.trainer.predict_loop.predictions
-    for out, prompt in ((first, "The Time Traveller"), (second, "It was")):
+    model = GPTLightning.load_from_checkpoint(ckpt).model
+    outs = [out for [out] in predict.trainer.predict_loop.predictions]
+    assert len(outs) == 3
+    for out, prompt in zip(outs, prompts, strict=True):
         assert out["prompt"] == enc.encode(prompt) and len(out["new"]) == 7
+        assert out["prompt"] + out["new"] == greedy_by_hand(model, enc.encode(prompt), 7, 32)
         assert out["text"] == enc.decode(out["prompt"] + out["new"])
 
 

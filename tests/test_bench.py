@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench  # noqa: E402 (scripts/bench.py)
 from conftest import TINY as TINY_CLI  # noqa: E402 (the CLI options of a tiny model)
+from conftest import load_script  # noqa: E402
 
 TINY = GPTConfig(vocab_size=300, context_length=16, emb_dim=32, n_layers=2, n_heads=2, dropout=0.0)
 
@@ -152,21 +153,25 @@ def test_bf16_mixed_trains_on_cpu_and_keeps_fp32_weights():
     assert all(p.dtype == torch.float32 for p in module.parameters())
 
 
-def script_figures(script: str, *args: str) -> tuple[dict[str, str], str]:
-    """Run scripts/<script> as a reader does; its ``name: value`` lines as a dict, and its whole output."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    ).stdout
+def script_figures(capsys, monkeypatch, script: str, *args: str, **replace) -> tuple[dict[str, str], str]:
+    """scripts/<script>'s main, as `python scripts/<script> <args>` runs it, in this process (loaded with importlib,
+    its functions named in ``replace`` replaced); its ``name: value`` lines as a dict, and its whole output."""
+    module = load_script(script.removesuffix(".py"))
+    for name, value in replace.items():
+        monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(sys, "argv", [script, *args])  # time_run reads sys.argv
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # leave this process's threads alone
+    level = logging.getLogger("lightning.pytorch").level  # the scripts quieten Lightning's logger: put it back
+    try:
+        module.main(list(args)) if script == "bench.py" else module.main()
+    finally:
+        logging.getLogger("lightning.pytorch").setLevel(level)
+    out = capsys.readouterr().out
     return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line), out
 
 
-def test_bench_smoke_prints_every_figure():
-    figures, out = script_figures("bench.py", "--smoke")
+def test_bench_smoke_prints_every_figure(capsys, monkeypatch):
+    figures, out = script_figures(capsys, monkeypatch, "bench.py", "--smoke")
     for name in (
         "lightning_vs_bare",
         "gpt_lit_vs_hf",
@@ -210,22 +215,26 @@ def test_compiled_model_gives_the_same_losses_and_checkpoint_keys():
     assert "model.tok_emb.weight" in module.state_dict()  # no _orig_mod. prefix: checkpoints load either way
 
 
-def test_time_run_counts_the_runs_tokens_and_flops(book_path):
+def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatch):
     """scripts/time_run.py on one epoch of a tiny residual.yaml: the tokens it counts are the run's windows."""
-    figures, _ = script_figures("time_run.py", "configs/residual.yaml", "--trainer.max_epochs", "1", *TINY_CLI)
+    monkeypatch.chdir(ROOT)
+    args = ["configs/residual.yaml", "--trainer.max_epochs", "1", *TINY_CLI, "--trainer.limit_train_batches", "3"]
+    # the machine's peak (a 2048 x 2048 matmul, 22 times) is the script's to measure, not this test's: 50 GFLOP/s
+    figures, _ = script_figures(capsys, monkeypatch, "time_run.py", *args, matmul_peak=lambda reps=10: 5e10)
     dm = TimeMachineData(context_length=32, batch_size=4)
-    dm.prepare_data()
     dm.setup("fit")
-    T, train_windows, val_windows = 32, len(dm.train_dataloader()) * 4, len(dm.val_set)
+    T, val_windows = 32, len(dm.val_set)
+    assert (len(dm.train_set), val_windows) == (317, 37)  # 32 tokens every 128 (residual.yaml's stride)
     assert int(figures["epochs"]) == 1
-    assert int(figures["train_tokens"]) == train_windows * T  # full batches only (drop_last)
-    assert int(figures["eval_tokens"]) == (len(dm.train_set) + val_windows) * T  # both whole sets, once
+    assert int(figures["train_tokens"]) == 3 * 4 * T  # 3 batches of 4 windows
+    assert int(figures["eval_tokens"]) == (317 + 37) * T  # both whole sets, once
     cfg = GPTConfig(vocab_size=50257, context_length=T, emb_dim=32, n_layers=2, n_heads=2)
     n = count_params(GPT(cfg))
     flops = int(figures["train_tokens"]) * (6 * n + 12 * 2 * T * 32) + int(figures["eval_tokens"]) * (
         2 * n + 4 * 2 * T * 32
     )
     assert float(figures["flops"]) == pytest.approx(flops, rel=1e-3)
+    assert float(figures["flops_over_peak_s"]) == pytest.approx(flops / 5e10, rel=1e-3)
     assert float(figures["wall_vs_flops"]) == pytest.approx(
         float(figures["wall_s"]) / float(figures["flops_over_peak_s"]), rel=1e-2
     )

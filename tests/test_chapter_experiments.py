@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import pytest
+from conftest import chapter_continuation, untrained_gpt2
+from conftest import chapter_experiment as experiment  # each experiment once per session
 
 from gpt_lit import experiments as ex
 
 
-@cache
-def experiment(residual: bool, n_layers: int) -> ex.ResidualExperiment:
-    return ex.residual_experiment(residual, n_layers)
-
-
 @pytest.fixture(scope="module")
 def gpt2_untrained():
-    return ex.untrained_gpt2(seed=123)
+    return untrained_gpt2(seed=123)
 
 
 def test_gradient_norms_with_residuals_are_the_chapters_row():
@@ -56,7 +52,7 @@ def test_untrained_model_is_barely_more_decided_than_a_uniform_guess(gpt2_untrai
 
 @pytest.mark.parametrize("prompt", list(ex.BOOK_CONTINUATIONS))
 def test_untrained_model_writes_the_chapters_gibberish(gpt2_untrained, prompt):
-    assert ex.continuation(gpt2_untrained, prompt, 12) == ex.BOOK_CONTINUATIONS[prompt]
+    assert chapter_continuation(gpt2_untrained, prompt, 12) == ex.BOOK_CONTINUATIONS[prompt]
 
 
 def test_parameter_table_rows_are_the_chapters(gpt2_untrained):

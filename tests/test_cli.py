@@ -2,16 +2,12 @@
 predict beside the run."""
 
 import hashlib
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from conftest import REPO, TINY, scalars
 
 from gpt_lit.cli import GPTLitCLI, main
 from gpt_lit.data import TimeMachineData
@@ -21,11 +17,22 @@ from gpt_lit.module import GPTLightning
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
 
-def gpt_lit(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpt_lit", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+def build(args: list[str]) -> GPTLitCLI:
+    """The CLI of ``args``, built but not run; the model's tensors on the meta device (shapes only: no memory, no
+    random initialisation of 124M parameters)."""
+    with torch.device("meta"):
+        return GPTLitCLI(GPTLightning, TimeMachineData, args=args, run=False)
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """`python -m gpt_lit <args>` in this process: (exit status, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_configs_are_shipped():
@@ -36,11 +43,14 @@ def test_configs_are_shipped():
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_every_shipped_config_builds(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # loggers and checkpoints would go here
-    cli = GPTLitCLI(GPTLightning, TimeMachineData, args=["--config", str(config)], run=False)
+    cli = build(["--config", str(config)])
     cfg, text = cli.model.model.cfg, config.read_text()
     # the links: the model's position table and vocabulary come from the data
     assert cfg.context_length == cli.datamodule.context_length and cfg.vocab_size == 50257
-    assert "#" in text  # commented
+    # commented: a header that says what the config is and how to run it, before the first setting
+    header = text[: re.search(r"^\w+:", text, re.MULTILINE).start()].splitlines()
+    assert len([line for line in header if line.startswith("# ")]) >= 3, config.stem
+    assert "python -m gpt_lit" in "\n".join(header), config.stem
     if config.stem.startswith("gpt2_124m"):  # GPT-2 124M, tied; the fine-tune keeps 256 of its 1024 positions
         assert count_params(cli.model.model) == 124_439_808 - (1024 - cfg.context_length) * 768
         return
@@ -55,7 +65,7 @@ def test_every_shipped_config_builds(config, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["residual.yaml", "residual", "configs/residual.yaml", "no_residual_8"])
 def test_a_shipped_config_by_name_from_any_folder(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no configs/ here
-    cli = GPTLitCLI(GPTLightning, TimeMachineData, args=["--config", name], run=False)
+    cli = build(["--config", name])
     stem = Path(name).name.removesuffix(".yaml")
     assert cli.model.model.cfg.n_layers == (8 if stem.endswith("_8") else 4)
     assert cli.model.model.cfg.residual == (not stem.startswith("no_"))
@@ -68,8 +78,8 @@ def test_a_path_that_exists_wins_over_a_name(tmp_path, monkeypatch):
     Path("residual.yaml").write_text(text.replace("max_epochs: 10", "max_epochs: 3"))
     for value in ("residual.yaml", "--config=residual.yaml"):
         args = [value] if value.startswith("--") else ["--config", value]
-        assert GPTLitCLI(GPTLightning, TimeMachineData, args=args, run=False).trainer.max_epochs == 3
-    assert GPTLitCLI(GPTLightning, TimeMachineData, args=["-c", "residual"], run=False).trainer.max_epochs == 10
+        assert build(args).trainer.max_epochs == 3
+    assert build(["-c", "residual"]).trainer.max_epochs == 10
 
 
 def test_an_unknown_config_name_lists_the_shipped_ones(capsys, tmp_path, monkeypatch):
@@ -83,8 +93,9 @@ def test_an_unknown_config_name_lists_the_shipped_ones(capsys, tmp_path, monkeyp
     assert f"the shipped configs are {', '.join(shipped)} (" in err
 
 
-def test_help_explains_every_option(tmp_path):
-    out = gpt_lit("fit", "--help", cwd=tmp_path).stdout
+def test_help_explains_every_option(capsys):
+    code, out, _ = run_main(capsys, "fit", "--help")
+    assert code == 0
     assert out.startswith("usage: python -m gpt_lit [options] fit")
     shipped = ", ".join(sorted(path.stem for path in (REPO / "configs").glob("*.yaml")))
     assert f"the name of a shipped config ({shipped};" in " ".join(out.split())
@@ -99,59 +110,54 @@ def test_help_explains_every_option(tmp_path):
     assert "data.context_length --> model.config.context_length" in out
 
 
-def scalars(folder: Path) -> dict[str, list[float]]:
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
-
 def fingerprint(run: Path) -> dict[str, str]:
     """sha256 of every file of a run folder (its config, events and checkpoints), not its test/predict outputs."""
     files = [p for p in run.rglob("*") if p.is_file() and p.relative_to(run).parts[0] not in ("test", "predict")]
     return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
-def test_fit_then_test_and_predict_beside_the_run(tmp_path):
-    run = ["--config", "residual.yaml", *TINY, "--trainer.enable_progress_bar", "false"]
-    fit = gpt_lit("fit", *run, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3", cwd=tmp_path)
-    assert fit.returncode == 0, fit.stderr[-3000:]
-    version = tmp_path / "lightning_logs" / "residual" / "version_0"
+def test_fit_then_test_and_predict_beside_the_run(tiny_run, capsys, monkeypatch):
+    version = tiny_run.version  # `fit` of residual.yaml, 2 epochs of 3 steps, started in tiny_run.root
+    monkeypatch.chdir(tiny_run.root)
     ckpts = sorted(p.name for p in (version / "checkpoints").iterdir())
     assert ckpts == ["best-epoch01.ckpt", "last.ckpt"]
     state = torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["epoch"] == 1 and state["global_step"] == 6
     assert (version / "config.yaml").is_file()
     files = fingerprint(version)
-    first_val, last_val = scalars(version)["loss/val"]
-    assert first_val - last_val > 1e-3  # so the weights of epoch 1 are told apart from any earlier ones
+    [(_, first_val), (_, last_val)] = scalars(version)["loss/val"]
+    assert last_val == pytest.approx(tiny_run.last_val)
+    assert first_val - last_val > 0.05  # so the weights of epoch 1 are told apart from epoch 0's and untrained ones
 
-    def test_loss(out: subprocess.CompletedProcess) -> float:
-        assert out.returncode == 0, out.stderr[-3000:]
-        loss = float(re.search(r"test/loss\s*[│|]\s*([\d.]+)", out.stdout).group(1))
-        ppl = float(re.search(r"test/perplexity\s*[│|]\s*([\d.]+)", out.stdout).group(1))
+    def test_loss(*args: str) -> float:
+        code, out, err = run_main(capsys, "test", *args)
+        assert code == 0, err[-3000:]
+        loss = float(re.search(r"test/loss\s*[│|]\s*([\d.]+)", out).group(1))  # the table a reader sees
+        ppl = float(re.search(r"test/perplexity\s*[│|]\s*([\d.]+)", out).group(1))
         assert abs(ppl - torch.tensor(loss).exp().item()) / ppl < 1e-3
         return loss
 
     # A checkpoint of the run, by path: the test loss goes into <run>/test/<checkpoint name>/.
     ckpt = str(version / "checkpoints" / "best-epoch01.ckpt")
-    loss = test_loss(gpt_lit("test", "--config", str(version / "config.yaml"), "--ckpt_path", ckpt, cwd=tmp_path))
+    loss = test_loss("--config", str(version / "config.yaml"), "--ckpt_path", ckpt)
     assert loss == pytest.approx(last_val, abs=1e-4)  # the trained weights: the run's last validation loss
-    assert scalars(version / "test" / "best-epoch01")["test/loss"] == [pytest.approx(loss, abs=1e-3)]
+    assert scalars(version / "test" / "best-epoch01")["test/loss"][-1][1] == pytest.approx(loss, abs=1e-3)
 
-    # --ckpt_path last, in a new process: the latest run of the config's name, into <run>/test/last/.
-    loss = test_loss(gpt_lit("test", *run, "--ckpt_path", "last", cwd=tmp_path))
+    # --ckpt_path last: the latest run of the config's name, into <run>/test/last/.
+    loss = test_loss(*tiny_run.args, "--ckpt_path", "last")
     assert loss == pytest.approx(last_val, abs=1e-4)  # not an untrained model's
-    assert scalars(version / "test" / "last")["test/loss"] == [pytest.approx(loss, abs=1e-3)]
+    assert scalars(version / "test" / "last")["test/loss"][-1][1] == pytest.approx(loss, abs=1e-3)
 
-    predict = gpt_lit(
-        "predict", "--config", str(version / "config.yaml"), "--ckpt_path", str(version / "checkpoints" / "last.ckpt"),
-        "--data.prompts", '["The Time Traveller", "It was"]', "--model.max_new_tokens", "5", cwd=tmp_path,
+    code, out, err = run_main(
+        capsys, "predict", "--config", str(version / "config.yaml"), "--ckpt_path", str(version / "checkpoints" /
+        "last.ckpt"), "--data.prompts", '["The Time Traveller", "It was"]', "--model.max_new_tokens", "5",
     )  # fmt: skip
-    assert predict.returncode == 0, predict.stderr[-3000:]
+    assert code == 0, err[-3000:]
     written = version / "predict" / "last" / "continuations.txt"
-    texts = written.read_text().strip().split("\n\n")
-    assert len(texts) == 2 and texts[0].startswith("The Time Traveller") and texts[1].startswith("It was")
-    assert texts[0] in predict.stdout
+    text = written.read_text()  # each continuation after its prompt, in the prompts' order
+    second = text.index("It was")
+    assert text.startswith("The Time Traveller") and second > len("The Time Traveller")
+    assert text[:second].strip() in out and text[second:].strip() in out  # and printed
 
     assert [p.name for p in version.parent.iterdir()] == ["version_0"]  # no new run folders
     assert fingerprint(version) == files  # nothing of the run was touched
@@ -169,18 +175,15 @@ def test_ckpt_path_last_without_a_run_says_where_it_looked(capsys, tmp_path, mon
     )
 
 
-def test_prompts_from_a_file(tmp_path):
+def test_prompts_from_a_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "prompts.txt").write_text("The Time Traveller\n\nAttention is\n")
     args = ["predict", "--config", str(REPO / "configs/gpt2_124m.yaml"), "--data.prompts", "[]"]
-    out = gpt_lit(*args, "--data.prompts_file", "prompts.txt", "--model.config.tie_weights", "false", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    # seed 123, untied GPTConfig(): the chapter's gibberish, from the CLI
-    assert "The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton Richard doubt" in out.stdout
-    assert "Attention is retrospective programmer programmer programmer programmerLinkedIn" in out.stdout
-
-
-def test_missing_accelerator_is_one_clear_line(tmp_path):
-    out = gpt_lit("fit", "--config", str(REPO / "configs/residual.yaml"), "--trainer.accelerator", "mps", cwd=tmp_path)
-    assert out.returncode != 0
-    assert "MPS" in out.stderr and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1].startswith("error:")
+    code, out, err = run_main(
+        capsys, *args, "--data.prompts_file", "prompts.txt", "--model.config.tie_weights", "false"
+    )
+    assert code == 0, err[-3000:]
+    # seed 123, untied GPTConfig(): the chapter's gibberish, from the CLI, in the file's order, the blank line skipped
+    first = out.index("The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton Richard doubt")
+    second = out.index("Attention is retrospective programmer programmer programmer programmerLinkedIn")
+    assert first < second

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
-from conftest import REPO
+import pytest
+from conftest import load_script
 from torch.utils.tensorboard import SummaryWriter
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
 
 # Whole-set losses per epoch shaped like the chapter's 10-epoch runs (rounded from ours): with residuals the
 # training loss crosses the floor at epoch 3, without it settles just above it.
@@ -51,7 +42,7 @@ def points_on(line, n: int = 40) -> np.ndarray:
 
 
 def test_one_panel_per_depth_and_every_legend_off_the_data(tmp_path):
-    script = load_script()
+    script = load_script("compare_runs")
     names = ["residual", "no_residual", "residual_8", "no_residual_8"]
     for name in names:
         write_run(tmp_path / name / "version_0", 8 if name.endswith("_8") else 4, CURVES[name.removesuffix("_8")])
@@ -66,6 +57,15 @@ def test_one_panel_per_depth_and_every_legend_off_the_data(tmp_path):
         assert [x for x in labels if not x.startswith("unigram")] == [
             f"{n}, {split}" for n in names for split in ("train", "validation")
         ]
+        # each line draws its run's losses at the epochs' last steps: validation the validation loss, not training's
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        for n in names:
+            train, val = CURVES[n.removesuffix("_8")]
+            steps = [19 * epoch + 18 for epoch in range(10)]
+            assert list(lines[f"{n}, train"].get_xdata()) == steps
+            assert list(lines[f"{n}, train"].get_ydata()) == pytest.approx(train)
+            assert list(lines[f"{n}, validation"].get_xdata()) == steps
+            assert list(lines[f"{n}, validation"].get_ydata()) == pytest.approx(val)
         # no_residual's lines are not drawn under no_residual_8's any more: each pair has its own axes
         assert len({line.get_color() for line in ax.get_lines() if not line.get_label().startswith("unigram")}) == 2
         legend, renderer = ax.get_legend(), fig.canvas.get_renderer()

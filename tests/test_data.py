@@ -6,10 +6,12 @@ from http.server import HTTPServer, SimpleHTTPRequestHandler
 
 import pytest
 import torch
+from conftest import windows_by_hand
 
 from gpt_lit import data as data_mod
-from gpt_lit.data import TimeMachineData, load_book
+from gpt_lit.data import TimeMachineData, TokenWindows, load_book
 from gpt_lit.errors import GptLitError
+from gpt_lit.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,54 @@ def test_the_chapters_windows(dm):
     assert x.shape == y.shape == (128,)
     assert torch.equal(x[1:], y[:-1])  # targets are the inputs shifted by one token
     assert torch.equal(dm.train_set[1][0][:1], dm.train_set.ids[128:129])  # stride 128
+
+
+def test_windows_every_stride_tokens_by_hand():
+    ids = torch.arange(100, 120)  # 20 tokens
+    # context 4, stride 3: a window needs 5 tokens (inputs and the target one further), so the last starts at 15
+    ds = TokenWindows(ids, context_length=4, stride=3)
+    assert [ds[i][0].tolist() for i in range(len(ds))] == [
+        [100, 101, 102, 103], [103, 104, 105, 106], [106, 107, 108, 109],
+        [109, 110, 111, 112], [112, 113, 114, 115], [115, 116, 117, 118],
+    ]  # fmt: skip
+    assert ds[5][1].tolist() == [116, 117, 118, 119]  # the last target ends on the last token
+    # overlapping windows: stride 1 over 7 tokens, context 4 -> starts 0, 1, 2
+    assert [x.tolist() for x, _ in TokenWindows(torch.arange(7), 4, 1)] == [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("n, count", [(4, 0), (5, 1), (6, 1), (9, 1), (10, 2)])
+def test_a_text_of_exactly_context_plus_one_tokens_is_one_window(n, count):
+    # context 4, stride 5: a window at 0 needs 5 tokens; the next, at 5, needs 10
+    ds = TokenWindows(torch.arange(n), context_length=4, stride=5)
+    assert len(ds) == count
+    if count:
+        x, y = ds[0]
+        assert x.tolist() == [0, 1, 2, 3] and y.tolist() == [1, 2, 3, 4]
+
+
+def test_data_stride_makes_overlapping_windows(dm):
+    half = TimeMachineData(context_length=32, stride=16)
+    half.setup("fit")
+    x, y = windows_by_hand(half.train_set.ids, 32, 16)
+    assert len(half.train_set) == len(x) == (len(half.train_set.ids) - 33) // 16 + 1
+    assert torch.equal(torch.stack([half.train_set[i][0] for i in range(len(x))]), x)
+    assert torch.equal(torch.stack([half.train_set[i][1] for i in range(len(y))]), y)
+    assert torch.equal(half.train_set[1][0][:16], half.train_set[0][0][16:])  # each window overlaps the last by half
+    vx, _ = windows_by_hand(half.val_set.ids, 32, 16)
+    assert len(half.val_set) == len(vx) and torch.equal(half.val_set[len(vx) - 1][0], vx[-1])
+
+
+def test_training_and_validation_text_are_the_chapters_90_10_split_with_no_overlap(dm, book_path):
+    text = load_book(book_path.parent)
+    # The chapter: train_ratio = 0.90, split_idx = int(train_ratio * len(text_data)): 0.9 * 179,692 = 161,722.8
+    split = 161_722
+    enc = get_tokenizer()
+    assert enc.decode(dm.train_set.ids.tolist()) == text[:split]
+    assert enc.decode(dm.val_set.ids.tolist()) == text[split:]
+    assert torch.equal(dm.train_set.ids, torch.tensor(enc.encode(text[:split])))
+    assert torch.equal(dm.val_set.ids, torch.tensor(enc.encode(text[split:])))
+    # no training window (inputs or targets) reaches past the training text's tokens
+    assert dm.train_set.starts[-1] + dm.context_length + 1 <= len(dm.train_set.ids)
 
 
 def test_training_order_is_seeded_and_changes_each_epoch(dm):

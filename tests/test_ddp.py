@@ -1,27 +1,33 @@
 """Two processes (DDP over gloo, on the CPU) give the answers one process gives.
 
-The book cut as the shipped config cuts it (context 128: 316 training and 37 validation windows, so two
-processes get 19 and 18 validation windows) and a tiny model. The two-process runs are `python -m gpt_lit`
-subprocesses, as a user starts them; the one-process references run in this process (``main``).
+The book cut as the shipped config cuts it, a window every 128 tokens, and a tiny model with windows of 32 tokens:
+317 training and 37 validation windows, so two processes get 19 and 18 validation windows. ONE pair of
+processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
+<step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test` and `predict`
+on the checkpoint it left. Lightning starts process 1 itself, by running the same script again, as it does for
+`python -m gpt_lit`. Each step's stdout, stderr and exit status, per process, are kept; the tests read them and
+the run folder. To check something more on two processes, add a step to ``STEPS`` and a test that reads
+``ddp.step(name)``. The one-process references run in this process (``main``).
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from conftest import REPO, scalars
 
 from gpt_lit.cli import main
 
 RUN = [
     "--config", str(REPO / "configs/residual.yaml"),
     "--model.config.emb_dim", "32", "--model.config.n_layers", "2", "--model.config.n_heads", "2",
-    "--data.batch_size", "4", "--trainer.limit_train_batches", "2",
+    "--data.context_length", "32", "--data.batch_size", "4", "--trainer.limit_train_batches", "2",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
@@ -43,35 +49,89 @@ class PoisonOneProcess(Callback):
 '''
 
 
-def gpt_lit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO)])}
-    cmd = [sys.executable, "-m", "gpt_lit", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+# Runs the steps on this process and, once Lightning has started it, on process 1 (which runs this script again).
+SESSION = """
+import json, os, sys
+from pathlib import Path
+from gpt_lit.cli import main
+
+def step_output(name):
+    '''This process's stdout and stderr from here on (print()s and logging alike) into <name>.<rank>.out/.err.'''
+    rank = os.environ.get("LOCAL_RANK", "0")  # process 1 is started with it; process 0 sets it when it starts 1
+    sys.stdout.flush(); sys.stderr.flush()
+    for fd, kind in ((1, "out"), (2, "err")):
+        f = os.open(f"{name}.{rank}.{kind}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    return rank
+
+codes = {}
+for name, args in json.loads(Path("steps.json").read_text()):
+    rank = step_output(name)
+    try:
+        main(args)
+        codes[name] = 0
+    except SystemExit as e:
+        codes[name] = e.code
+    sys.stdout.flush(); sys.stderr.flush()
+    Path(f"codes.{rank}.json").write_text(json.dumps(codes))
+
+import torch.distributed
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()  # process 0 ends after process 1 has written everything
+"""
+
+LAST = ["--config", "lightning_logs/residual/version_0/config.yaml",
+        "--ckpt_path", "lightning_logs/residual/version_0/checkpoints/last.ckpt"]  # fmt: skip
+POISON_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.PoisonOneProcess", "init_args": {"step": 3, "rank": 1}}'
+STEPS = [
+    ("fit", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", POISON_AT_STEP_3]),  # 2 epochs of 2 steps
+    ("test", ["test", *LAST, *DDP]),
+    ("predict", ["predict", *LAST, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *DDP]),
+]
 
 
-def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+@dataclass
+class TwoProcesses:
+    cwd: Path  # where the steps ran: lightning_logs/ is here
+
+    def step(self, name: str) -> tuple[list[int], str, str]:
+        """A step's exit status on each process, and their stdout and stderr (process 0's, then process 1's)."""
+        codes = [json.loads((self.cwd / f"codes.{rank}.json").read_text())[name] for rank in (0, 1)]
+        out, err = (
+            "".join((self.cwd / f"{name}.{rank}.{kind}").read_text() for rank in (0, 1)) for kind in ("out", "err")
+        )
+        return codes, out, err
 
 
 @pytest.fixture(scope="module")
-def ddp_fit(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """2 epochs of 2 steps on two processes; process 1's loss turns NaN at step 3 (epoch 1)."""
+def ddp(tmp_path_factory) -> TwoProcesses:
+    """STEPS, run once on one pair of processes (a subprocess, which Lightning makes two)."""
     cwd = tmp_path_factory.mktemp("ddp")
     (cwd / "poison.py").write_text(POISON)
-    poison = '--trainer.callbacks+={"class_path": "poison.PoisonOneProcess", "init_args": {"step": 3, "rank": 1}}'
-    fit = gpt_lit("fit", *RUN, *DDP, "--trainer.max_epochs", "2", poison, cwd=cwd)
-    assert "GLOBAL_RANK: 1" in fit.stderr and "distributed_backend=gloo" in fit.stderr, fit.stderr[-3000:]
-    return cwd, fit
+    (cwd / "session.py").write_text(SESSION)
+    (cwd / "steps.json").write_text(json.dumps(STEPS))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO)])}
+    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    session = subprocess.Popen([sys.executable, "session.py"], cwd=cwd, env=env, start_new_session=True)
+    try:
+        session.wait(timeout=400)
+    finally:
+        if session.poll() is None or session.returncode != 0:
+            os.killpg(session.pid, signal.SIGKILL)  # both processes: process 1 is in the same session
+    assert session.returncode == 0
+    ran = TwoProcesses(cwd)
+    _, _, err = ran.step("fit")
+    assert "GLOBAL_RANK: 1" in err and "distributed_backend=gloo" in err, err[-3000:]
+    return ran
 
 
 @pytest.fixture()
-def run(ddp_fit, monkeypatch) -> Path:
+def run(ddp, monkeypatch) -> Path:
     """The two-process run's folder; its config.yaml names poison.py, which is importable from here too."""
-    cwd, _ = ddp_fit
-    monkeypatch.syspath_prepend(str(cwd))
-    return cwd / "lightning_logs" / "residual" / "version_0"
+    monkeypatch.syspath_prepend(str(ddp.cwd))
+    return ddp.cwd / "lightning_logs" / "residual" / "version_0"
 
 
 @pytest.fixture(autouse=True)
@@ -79,18 +139,18 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the in-process runs' lightning_logs/ go here
 
 
-def test_a_nan_on_one_process_stops_both_with_one_line(ddp_fit):
-    cwd, fit = ddp_fit
-    assert fit.returncode == 2 and "Traceback" not in fit.stderr, fit.stderr[-3000:]
-    errors = [line for line in fit.stderr.splitlines() if line.startswith("error:")]
+def test_a_nan_on_one_process_stops_both_with_one_line(ddp):
+    codes, _, err = ddp.step("fit")
+    assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
     last = Path("lightning_logs") / "residual" / "version_0" / "checkpoints" / "last.ckpt"
     assert errors == [
         f"error: the training loss is nan at step 3 (epoch 1, batch 1, process 1 of 2); training stopped before "
         f"that update and the last good checkpoint is {last}. Try a smaller model.lr"
     ]
     # Data only, as every checkpoint is loaded: nothing beyond what weights_only reads without being told.
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(cwd / last) == []
-    ckpt = torch.load(cwd / last, map_location="cpu", weights_only=True)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(ddp.cwd / last) == []
+    ckpt = torch.load(ddp.cwd / last, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2  # after epoch 0
     assert len(ckpt["callbacks"]["RNGState"]["ranks"]) == 2  # each process's generators, for its dropout masks
 
@@ -103,7 +163,7 @@ def test_logged_once_and_the_whole_sets_equal_one_process(run):
     assert [s for s, _ in logged["loss/val"]] == [1]  # epoch 0's end, at its last step, as self.log puts it
     assert [s for s, _ in logged["similarity/positions"]] == [0, 1]  # the start, then at loss/val's step
 
-    # Epoch 0's loss/val (37 windows) and loss/train (316) under two processes, against one process
+    # Epoch 0's loss/val (37 windows) and loss/train (317) under two processes, against one process
     # evaluating the checkpoint taken right after them.
     ckpt = run / "checkpoints" / "last.ckpt"
     one = main(["validate", "--config", str(run / "config.yaml"), *ONE, "--ckpt_path", str(ckpt)])
@@ -112,33 +172,30 @@ def test_logged_once_and_the_whole_sets_equal_one_process(run):
         assert two == pytest.approx(one.trainer.callback_metrics[tag].item(), abs=1e-5), tag
 
 
-def test_test_on_two_processes_equals_one_and_the_runs_validation(ddp_fit, run):
-    cwd, _ = ddp_fit
-    args = ["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
-    two = gpt_lit(*args, *DDP, cwd=cwd)
-    assert two.returncode == 0, two.stderr[-3000:]
+def test_test_on_two_processes_equals_one_and_the_runs_validation(ddp, run):
+    codes, _, err = ddp.step("test")
+    assert codes == [0, 0], err[-3000:]
     [(_, two_loss)] = scalars(run / "test" / "last")["test/loss"]  # test lands beside the run it evaluates
+    args = ["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
     one = main([*args, *ONE]).trainer.callback_metrics["test/loss"].item()
     [(_, val_loss)] = scalars(run)["loss/val"]  # the test set is the validation set
     assert two_loss == pytest.approx(one, abs=1e-5) and one == pytest.approx(val_loss, abs=1e-5)
 
 
-def test_predict_on_two_processes_writes_every_prompt_once_in_order(ddp_fit, run):
-    cwd, _ = ddp_fit
-    args = ["predict", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
-    args += ["--data.prompts", json.dumps(PROMPTS), *SAMPLING]
-    two = gpt_lit(*args, *DDP, cwd=cwd)
-    assert two.returncode == 0, two.stderr[-3000:]
+def test_predict_on_two_processes_writes_every_prompt_once_in_order(ddp, run):
+    codes, out, err = ddp.step("predict")
+    assert codes == [0, 0], err[-3000:]
     written = run / "predict" / "last" / "continuations.txt"  # beside the run it continues from
     two_text = written.read_text()
     texts = two_text.strip().split("\n\n")
     assert len(texts) == 4 and all(map(str.startswith, texts, PROMPTS))  # all four, in the prompts' order
-    assert two.stdout.count("continuation(s) written to") == 1
-    assert f"[4 continuation(s) written to {written}]" in two.stdout
-    assert all(two.stdout.count(t) == 1 for t in texts)  # printed once
+    assert out.count("continuation(s) written to") == 1
+    assert f"[4 continuation(s) written to {written.relative_to(ddp.cwd)}]" in out
+    assert all(out.count(t) == 1 for t in texts)  # printed once
 
     # Sampled (temperature 1, top 50), yet the same text from one process: each prompt has its own generator.
-    main([*args, *ONE])
+    args = ["predict", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+    main([*args, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *ONE])
     assert written.read_text() == two_text  # one process wrote the same file again
 
 

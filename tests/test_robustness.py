@@ -35,12 +35,10 @@ def error_line(capsys, *args: str) -> str:
     return errors[0]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """One tiny finished run (1 epoch): lightning_logs/residual/version_0 with config.yaml and last.ckpt."""
-    root = tmp_path_factory.mktemp("run")
-    main(["fit", *RUN, "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(root)])
-    return root / "residual" / "version_0"
+@pytest.fixture()
+def run_dir(tiny_run):
+    """The session's tiny finished run: lightning_logs/residual/version_0 with config.yaml and last.ckpt."""
+    return tiny_run.version
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +150,7 @@ def test_accelerator_the_machine_lacks(capsys, accelerator):
     ):
         pytest.skip(f"this machine has {accelerator}")
     line = error_line(capsys, "fit", *RUN, "--trainer.accelerator", accelerator)
-    assert f"{accelerator.upper()}Accelerator` can not run on your system" in line
+    assert accelerator.upper() in line  # Lightning's own words after `error:`; gpt_lit's part is the one line
 
 
 @pytest.mark.parametrize(

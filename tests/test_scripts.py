@@ -1,16 +1,17 @@
-"""The two scripts as a reader runs them: the book's values beside ours, and real PNG figures."""
+"""The two scripts as a reader runs them (their ``main(argv)``, loaded from scripts/ in this process): the book's
+values beside ours, and real PNG figures."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
 import matplotlib.image
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
-from conftest import QUIET_TRAINER
+from conftest import QUIET_TRAINER, chapter_continuation, chapter_experiment, load_script, untrained_gpt2
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lit import experiments as ex
@@ -19,12 +20,18 @@ from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
 
-ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+def run_script(capsys, name: str, *args: str) -> tuple[int, str, str]:
+    """`python scripts/<name>.py <args>`: (exit status, stdout, stderr)."""
+    try:
+        load_script(name).main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def assert_png(path: Path) -> None:
@@ -68,14 +75,14 @@ def runs(tmp_path_factory):
     return root, {"residual": tiny_run(root, "residual", 3), "mine": tiny_run(root, "mine", 2)}
 
 
-def test_compare_runs_prints_the_books_losses_beside_ours_and_draws_the_figure(runs):
+def test_compare_runs_prints_the_books_losses_beside_ours_and_draws_the_figure(runs, capsys):
     root, losses = runs
     out = root / "figures" / "losses.png"
-    result = run_script(
-        "scripts/compare_runs.py", str(root / "residual"), str(root / "mine" / "version_0"), "--out", str(out)
+    code, stdout, stderr = run_script(
+        capsys, "compare_runs", str(root / "residual"), str(root / "mine" / "version_0"), "--out", str(out)
     )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    assert code == 0, stderr
+    lines = stdout.splitlines()
     row = lambda label, who: next(line for line in lines if re.match(rf"{label}\s+{who}\s", line))  # noqa: E731
     assert row("residual, train", "book").split()[-7:] == "8.058 6.619 6.361 6.122 5.602 5.052 4.592".split()
     assert "5.695" in row("residual, val", "book")
@@ -86,17 +93,17 @@ def test_compare_runs_prints_the_books_losses_beside_ours_and_draws_the_figure(r
     # a run the book does not have: ours only, the 2 epochs it has
     assert row("mine, val", "ours").split()[3:5] == [f"{v:.3f}" for v in losses["mine"].val]
     assert not any(line.startswith("mine") and "book" in line for line in lines)
-    assert re.search(r"unigram baseline.*book 6\.346 \| ours 6\.350", result.stdout)
+    assert re.search(r"unigram baseline.*book 6\.346 \| ours 6\.350", stdout)
     assert_png(out)
 
 
-def test_compare_runs_refuses_a_folder_without_logs(tmp_path):
+def test_compare_runs_refuses_a_folder_without_logs(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for folder in (tmp_path / "empty", tmp_path / "missing"):
-        result = run_script("scripts/compare_runs.py", str(folder), "--out", str(tmp_path / "x.png"))
-        assert result.returncode == 2
-        assert result.stderr.strip().startswith("error:") and str(folder) in result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
+        code, _, stderr = run_script(capsys, "compare_runs", str(folder), "--out", str(tmp_path / "x.png"))
+        assert code == 2
+        assert stderr.strip().startswith("error:") and str(folder) in stderr
+        assert len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
 
 
@@ -105,10 +112,15 @@ def numbers_after(text: str, label: str) -> list[str]:
     return line[len(label) :].split()
 
 
-def test_reproduce_chapter_prints_every_table_with_the_books_values_and_ours(tmp_path):
-    result = run_script("scripts/reproduce_chapter.py", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+def test_reproduce_chapter_prints_every_table_with_the_books_values_and_ours(tmp_path, capsys, monkeypatch):
+    # the experiments the other tests check, made once per session: this test checks what the script prints
+    monkeypatch.setattr(ex, "residual_experiment", chapter_experiment)
+    monkeypatch.setattr(ex, "untrained_gpt2", untrained_gpt2)
+    monkeypatch.setattr(ex, "continuation", chapter_continuation)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # the figure the script saves, kept to read its lines
+    code, out, stderr = run_script(capsys, "reproduce_chapter", "--out", str(tmp_path))
+    assert code == 0, stderr
     # each table: the book's value and ours side by side
     assert "-1.3416  -0.4472   0.4472   1.3416 |  -1.3416  -0.4472   0.4472   1.3416" in out
     assert re.search(r"-0\.5\s*\|\s*0\.0000\s+0\.0000\s*\|\s*-0\.1543\s+-0\.1543", out)
@@ -128,3 +140,11 @@ def test_reproduce_chapter_prints_every_table_with_the_books_values_and_ours(tmp
     assert re.search(r"most likely token.*0\.000166 \| 0\.000166", out)
     assert re.search(r"entropy of the distribution, nats\s+10\.67 \| 10\.67", out)
     assert_png(tmp_path / "gelu_relu.png")
+    # the figure's lines: GELU's tanh form and ReLU, written out, at 61 points from -3 to 3
+    [fig] = figures
+    gelu_line, relu_line = fig.axes[0].get_lines()
+    x = np.linspace(-3, 3, 61)
+    assert gelu_line.get_xdata() == pytest.approx(x, abs=1e-6)
+    gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    assert gelu_line.get_ydata() == pytest.approx(gelu, abs=1e-5)
+    assert relu_line.get_ydata() == pytest.approx(np.maximum(x, 0), abs=1e-6)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import chapter_experiment, load_script  # each experiment once per session
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
-from test_chapter_experiments import experiment as chapter_experiment  # shares its cached runs
 
 from gpt_lit import experiments as ex
 from gpt_lit.callbacks.similarity import mean_position_similarity
@@ -48,9 +46,7 @@ def test_first_block_by_hand():
 
 
 def test_reproduce_chapter_prints_the_whole_row_with_and_without_residuals(capsys):
-    spec = importlib.util.spec_from_file_location("reproduce_chapter", REPO / "scripts" / "reproduce_chapter.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("reproduce_chapter")
     script.similarity_by_block(experiment(True), experiment(False))
     lines = capsys.readouterr().out.splitlines()
     with_ = next(line for line in lines if line.startswith("With residuals")).split()[2:]

