@@ -41,7 +41,7 @@ def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
 def lens_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
     """Lens loss against depth, one line per epoch so far (dark: the first), the unigram floor dotted."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.8, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
     ax = fig.add_subplot()
     cmap = colormaps["viridis"]
     last = max(len(history) - 1, 1)

@@ -15,16 +15,36 @@ from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 
 
+def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
+    """The mean loss over positions 1, 2-3, 4-7, 8-15, ... (the last octave up to the end), at each one's middle.
+
+    One position's loss averages one token of each validation window (37 in the chapter's split), so it is
+    noisy; an octave's mean averages many.
+    """
+    centres, means, lo = [], [], 1
+    while lo <= len(losses):
+        hi = 2 * lo - 1
+        if 2 * (hi + 1) > len(losses):  # the last octave runs to the end (64-128, not 64-127 and 128)
+            hi = len(losses)
+        centres.append((lo * hi) ** 0.5)
+        means.append(sum(losses[lo - 1 : hi]) / (hi - lo + 1))
+        lo = hi + 1
+    return centres, means
+
+
 def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
-    """Validation loss against position (log scale), one line per epoch so far (dark: the first), the floor dotted."""
+    """Validation loss against position (log scale), per epoch (dark: the first): each position faint, each
+    octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.8, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
     ax = fig.add_subplot()
     cmap = colormaps["viridis"]
     last = max(len(history) - 1, 1)
     for i, point in enumerate(history):
-        positions = range(1, len(point["losses"]) + 1)
-        ax.plot(positions, point["losses"], "-", color=cmap(0.9 * i / last), label=f"epoch {point['epoch']}")
+        losses, colour = point["losses"], cmap(0.9 * i / last)
+        ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
+        centres, means = octave_means(losses)
+        ax.plot(centres, means, "-o", color=colour, markersize=4, label=f"epoch {point['epoch']}")
     if floor is not None:
         ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
     ax.set_xscale("log", base=2)
@@ -37,7 +57,7 @@ def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figur
         ax.set_xlim(1, n)
     ax.set_xlabel("position: tokens of context seen (log scale)")
     ax.set_ylabel("validation loss (nats)")
-    ax.set_title("Validation loss at each position of a window", fontsize="medium")
+    ax.set_title("Validation loss at each position (faint) and per octave of positions", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig

@@ -62,7 +62,7 @@ def stream_sizes(model: GPT, idx: torch.Tensor) -> dict[str, Any]:
 def stream_figure(history: list[dict[str, Any]], residual: bool) -> Figure:
     """The stream's RMS against depth (0: the embeddings), one line per epoch so far (dark: the start)."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.8, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
     ax = fig.add_subplot()
     cmap = colormaps["viridis"]
     last = max(len(history) - 1, 1)
