@@ -8,14 +8,37 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, Metric
 
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig, generate
-from gpt_lit.ops import head_cross_entropy, keep_freed_memory
+from gpt_lit.ops import head_cross_entropy, head_token_losses, keep_freed_memory
 from gpt_lit.pretrained import fetch, load_pretrained
 from gpt_lit.tokenizer import get_tokenizer
+
+
+class PositionMeans(Metric):
+    """The mean of a per-token value at each position 0 .. n-1 over every sequence seen, across processes.
+
+    Keeps a sum and a count per position (reduced by summing under DDP), so the result is exact whatever the
+    number of processes and however the sequences were split among them.
+    """
+
+    full_state_update = False
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.add_state("sum", torch.zeros(n), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros(n), dist_reduce_fx="sum")
+
+    def update(self, values: torch.Tensor) -> None:  # (B, T) with T <= n
+        T = values.shape[1]
+        self.sum[:T] += values.to(self.sum.dtype).sum(dim=0)
+        self.count[:T] += values.shape[0]
+
+    def compute(self) -> torch.Tensor:  # (n,); nan at positions never seen
+        return self.sum / self.count
 
 
 class GPTLightning(L.LightningModule):
@@ -83,6 +106,10 @@ class GPTLightning(L.LightningModule):
             self.model.compile()  # in place: the state_dict keys stay model.*
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
         self.val_loss, self.train_eval_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        # The validation loss at each position of a window, from the same evaluation (the PositionLoss callback
+        # logs it): the latest epoch's values, (context_length,), are kept in last_val_loss_by_position.
+        self.val_loss_by_position = PositionMeans(config.context_length)
+        self.last_val_loss_by_position: torch.Tensor | None = None
 
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device.type
@@ -123,6 +150,19 @@ class GPTLightning(L.LightningModule):
         logits = self.model(x)  # (B, T, vocab_size); bf16 under bf16-mixed, so the loss is taken in fp32
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
+    @torch.no_grad()
+    def eval_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """For evaluation: ``loss(batch)`` to the last bit, and each token's own loss, (B, T), from the same pass."""
+        x, y = batch  # (B, T) inputs, (B, T) targets
+        if self.uses_fused_loss():
+            h = self.model.final_norm(self.model.hidden_states(x))  # (B, T, emb_dim)
+            mean, losses = head_token_losses(h.flatten(0, 1), self.model.head.weight, y.flatten())
+        else:  # F.cross_entropy is nll_loss of log_softmax: the same mean as loss(), and the per-token terms
+            logp = F.log_softmax(self.model(x).flatten(0, 1).float(), dim=-1)  # (B * T, vocab_size)
+            mean = F.nll_loss(logp, y.flatten())
+            losses = -logp.gather(1, y.flatten()[:, None]).squeeze(1)
+        return mean, losses.view_as(y)
+
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch)
         self.log("loss/train_step", loss, prog_bar=True)
@@ -130,12 +170,19 @@ class GPTLightning(L.LightningModule):
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         # dataloader 0: the validation set; 1: the whole training set (see TimeMachineData.val_dataloader)
-        metric = self.val_loss if dataloader_idx == 0 else self.train_eval_loss
-        metric.update(self.loss(batch), batch[1].numel())
+        if dataloader_idx == 0:
+            loss, per_token = self.eval_losses(batch)
+            self.val_loss.update(loss, batch[1].numel())
+            self.val_loss_by_position.update(per_token)
+        else:
+            self.train_eval_loss.update(self.loss(batch), batch[1].numel())
 
     def on_validation_epoch_end(self) -> None:
         # Logging the metric objects: Lightning computes them across processes and resets them.
         self.log("loss/val", self.val_loss, prog_bar=True)
+        if self.val_loss_by_position.update_count:  # every process computes (a collective), then starts afresh
+            self.last_val_loss_by_position = self.val_loss_by_position.compute().cpu()
+            self.val_loss_by_position.reset()
         if self.train_eval_loss.update_count:
             self.log("loss/train", self.train_eval_loss, prog_bar=True)
 

@@ -73,14 +73,35 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     the matmul runs in the autocast dtype (bf16-mixed: bf16) and the softmax in fp32, as ``F.linear``
     followed by ``.float()`` would.
     """
-    dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+    dtype = autocast_dtype(h)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _HeadCrossEntropy.apply(h, weight, targets, dtype)
-    w_c, total = weight.to(dtype), h.new_zeros((), dtype=torch.float32)
+    return head_token_losses(h, weight, targets, chunk)[0]
+
+
+def autocast_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype the head's matmul runs in: the autocast dtype where autocast is on, else ``h``'s."""
+    return torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+
+
+@torch.no_grad()
+def head_token_losses(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For evaluation: the mean cross-entropy of ``head_cross_entropy`` and every token's own loss, (), (N,).
+
+    ``chunk`` rows at a time. The mean is ``F.cross_entropy(..., reduction="sum") / N`` to the last bit
+    (cross_entropy is nll_loss of log_softmax, computed here once and read twice); the per-token losses are
+    the same log-probabilities, gathered, so they add up to the mean's sum up to float summation order.
+    """
+    w_c, total = weight.to(autocast_dtype(h)), h.new_zeros((), dtype=torch.float32)
+    losses = h.new_empty(len(h), dtype=torch.float32)
     for i in range(0, len(h), chunk):
-        logits = (h[i : i + chunk].to(dtype) @ w_c.T).float()  # (chunk, V)
-        total += F.cross_entropy(logits, targets[i : i + chunk], reduction="sum")
-    return total / len(h)
+        logp = F.log_softmax((h[i : i + chunk].to(w_c.dtype) @ w_c.T).float(), dim=-1)  # (chunk, V)
+        t = targets[i : i + chunk]
+        total += F.nll_loss(logp, t, reduction="sum")
+        losses[i : i + chunk] = -logp.gather(1, t[:, None]).squeeze(1)
+    return total / len(h), losses
 
 
 def keep_freed_memory() -> bool:

@@ -1,0 +1,155 @@
+"""Attention, per head: what each position of a fixed sentence looks at, and how spread out the heads' rows are."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from matplotlib.figure import Figure
+
+from gpt_lit.callbacks.figures import figure_pixels
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
+from gpt_lit.model import GPT, CausalSelfAttention
+from gpt_lit.tokenizer import get_tokenizer
+
+
+@torch.no_grad()
+def attention_weights(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(head_dim) + mask) of each head, from ``attn``'s own q and k projections.
+
+    x: (B, T, emb_dim), the attention's input (the block's ``norm1`` output). Returns (B, n_heads, T, T): row t
+    is how position t spreads its attention over positions 0 .. t (the mask puts -inf above the diagonal).
+    The model's forward computes the same weights inside ``F.scaled_dot_product_attention``.
+    """
+    B, T, C = x.shape
+    q, k, _ = attn.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
+    q = q.view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
+    k = k.view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, n_heads, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)  # (T, T): key after query
+    return torch.softmax(scores.float().masked_fill(future, -math.inf), dim=-1)
+
+
+@torch.no_grad()
+def block_attentions(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The attention weights of every block, (B, n_heads, T, T) each, for the token IDs ``idx`` (B, T).
+
+    One pass of ``model.hidden_states`` with a forward hook on each block's attention that reads its input;
+    in whatever mode the model is in (the callback puts it in eval mode).
+    """
+    inputs: list[torch.Tensor] = []
+    hooks = [blk.attn.register_forward_hook(lambda _m, args, _out: inputs.append(args[0])) for blk in model.blocks]
+    try:
+        model.hidden_states(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [attention_weights(blk.attn, x) for blk, x in zip(model.blocks, inputs, strict=True)]
+
+
+def row_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Entropy, in nats, of each attention row: -sum_j w_j log w_j (0 log 0 = 0). (..., T, T) -> (..., T)."""
+    return -torch.special.xlogy(weights, weights).sum(dim=-1)
+
+
+def token_labels(ids: list[int]) -> list[str]:
+    """Each token as text for an axis label: a line break as ↵, at most 12 characters."""
+    enc = get_tokenizer()
+    return [enc.decode([i]).replace("\n", "↵")[:12] for i in ids]
+
+
+def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: int) -> Figure:
+    """One block's heads side by side: (n_heads, T, T) weights, queries down, keys across, the tokens as labels.
+
+    One image of all heads (white: the masked future) and plain text labels, no tick objects or constrained
+    layout: a hundred tick labels would cost ~1 s of CPU a figure, this ~0.2 s.
+    """
+    n_heads, T = weights.shape[0], weights.shape[-1]
+    gap = 2  # blank columns between heads
+    image = np.full((T, n_heads * (T + gap) - gap), np.nan)
+    for h in range(n_heads):
+        image[:, h * (T + gap) : h * (T + gap) + T] = weights[h].float().tril().numpy()
+        image[:, h * (T + gap) : h * (T + gap) + T][np.triu_indices(T, 1)] = np.nan  # the masked future: white
+    cell = 0.15  # inches per token
+    left, right, top, bottom = 1.0, 1.1, 0.7, 1.0
+    width, height = left + image.shape[1] * cell + right, top + T * cell + bottom
+    fig = Figure(figsize=(width, height), dpi=100)
+    ax = fig.add_axes((left / width, bottom / height, image.shape[1] * cell / width, T * cell / height))
+    shown = ax.imshow(image, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+    ax.set_axis_off()
+    for h in range(n_heads):
+        x0 = h * (T + gap)
+        ax.text(x0 + (T - 1) / 2, -0.8, f"head {h + 1}", ha="center", va="bottom")
+        for j, label in enumerate(labels):
+            ax.text(x0 + j, T - 0.3, label, rotation=90, ha="center", va="top", fontsize=7)
+    for j, label in enumerate(labels):
+        ax.text(-0.8, j, label, ha="right", va="center", fontsize=7)
+    cax = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, T * cell / height))
+    fig.colorbar(shown, cax=cax, label="attention weight")
+    when = "at the start" if epoch == 0 else f"after epoch {epoch}"
+    fig.suptitle(f"Block {block}: where each token (row) looks among the tokens up to it (columns), {when}",
+                 y=1 - 0.1 / height, va="top")  # fmt: skip
+    return fig
+
+
+class AttentionMaps(Callback):
+    def __init__(self, num_tokens: int = 24, num_sequences: int = 8):
+        """Draw each block's attention weights for one fixed sentence, and log how sharp the heads are.
+
+        Images ``attention/block_1`` ... ``block_N``: for the first ``num_tokens`` tokens of the first validation
+        window, every head of the block side by side, a row per token (query), a column per token it may look
+        at (keys up to it), the tokens as labels. Scalars ``attention/entropy/block_1`` ... ``block_N``: the mean
+        entropy, in nats, of the attention rows over every head, position and the first ``num_sequences``
+        validation windows (a fixed batch); lower is sharper (a row that looks at one token has 0, a row
+        spread evenly over t tokens has log t). At the start of a fresh run and after every epoch, at the step
+        of ``loss/val``, on the main process, in eval mode without gradients. The weights are written out as
+        softmax(Q K^T / sqrt(head_dim) + mask) from each block's own q and k projections. Skipped, with one
+        logged line, under strategies that shard the parameters.
+
+        Args:
+            num_tokens: How many tokens of the first validation window the images show.
+            num_sequences: How many validation windows the entropy averages over.
+        """
+        self.num_tokens = num_tokens
+        self.num_sequences = num_sequences
+        self.batch: torch.Tensor | None = None
+        self.labels: list[str] = []
+        self.active = True
+
+    def measure(self, pl_module: L.LightningModule) -> tuple[list[torch.Tensor], list[float]]:
+        """Per block: the sentence's weights (n_heads, num_tokens, num_tokens) and the fixed batch's mean entropy."""
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            batch = self.batch.to(pl_module.device)
+            sentence = [w[0].cpu() for w in block_attentions(pl_module.model, batch[:1, : self.num_tokens])]
+            entropies = [row_entropy(w).mean().item() for w in block_attentions(pl_module.model, batch)]
+        finally:
+            pl_module.train(was_training)
+        return sentence, entropies
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
+        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        sentence, entropies = self.measure(pl_module)
+        trainer.logger.log_metrics({f"attention/entropy/block_{i}": v for i, v in enumerate(entropies, 1)}, step=step)
+        writer = tensorboard_writer(trainer)
+        if writer is not None:
+            for i, weights in enumerate(sentence, 1):
+                pixels = figure_pixels(attention_figure(weights, self.labels, i, epoch))
+                writer.add_image(f"attention/block_{i}", pixels, step, dataformats="HWC")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.active = not shards_parameters(trainer, "AttentionMaps")
+        val = trainer.datamodule.val_set
+        self.batch = torch.stack([val[i][0] for i in range(min(self.num_sequences, len(val)))])  # (n, T)
+        self.labels = token_labels(self.batch[0, : self.num_tokens].tolist())
+        if self.active and is_fresh_start(trainer):  # a resumed run logged its start already
+            self._log(trainer, pl_module, step=0, epoch=0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.active:
+            self._log(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)

@@ -1,0 +1,116 @@
+"""The logit lens: what the stream after each block would predict, read out through the final norm and the head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from gpt_lit.callbacks.figures import DPI, FIGSIZE, figure_pixels
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, shards_parameters, tensorboard_writer
+from gpt_lit.callbacks.unigram import unigram_entropy
+from gpt_lit.model import GPT
+from gpt_lit.ops import head_cross_entropy
+
+
+@torch.no_grad()
+def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """Cross-entropy against the targets ``y`` of ``head(final_norm(stream after block i))``, for i = 1 .. n_layers.
+
+    x, y: (B, T) token IDs and next tokens. One pass of ``model.hidden_states`` with a forward hook on every
+    block, in whatever mode the model is in; the head runs in chunks of rows (``head_cross_entropy``). The last
+    value is the model's own loss on (x, y).
+    """
+    outputs: list[torch.Tensor] = []
+    hooks = [blk.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for blk in model.blocks]
+    try:
+        model.hidden_states(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    targets = y.flatten()
+    return [
+        head_cross_entropy(model.final_norm(out).flatten(0, 1), model.head.weight, targets).item() for out in outputs
+    ]
+
+
+def lens_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
+    """Lens loss against depth, one line per epoch so far (dark: the first), the unigram floor dotted."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"]
+    last = max(len(history) - 1, 1)
+    for i, point in enumerate(history):
+        blocks, label = range(1, len(point["blocks"]) + 1), f"epoch {point['epoch']}"
+        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
+    if history:
+        ax.set_xticks(range(1, len(history[0]["blocks"]) + 1))
+    if floor is not None:
+        ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
+    ax.set_xlabel("stream read out after block")
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title("Logit lens: the loss of the stream after each block, read out by the head", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return fig
+
+
+class LogitLens(Callback):
+    def __init__(self, num_sequences: int = 8):
+        """Log the validation loss of the stream after each block, read out through the final norm and the head.
+
+        ``lens/block_1`` ... ``block_N``: the cross-entropy on the first ``num_sequences`` validation windows
+        (a fixed batch) when the model's output head reads the stream after block i (through the final norm)
+        instead of after the last block; ``block_N`` is the model's own loss on those windows. After every
+        epoch, at the step of ``loss/val``, on the main process, in eval mode without gradients. The image
+        ``figures/lens_by_block`` draws the loss against depth, one line per epoch, with the unigram floor
+        dotted. Each depth costs one pass of the output head over the batch. Skipped, with one logged line,
+        under strategies that shard the parameters.
+
+        Args:
+            num_sequences: How many validation windows to measure on (a fixed batch).
+        """
+        self.num_sequences = num_sequences
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.floor: float | None = None
+        self.history: list[dict[str, Any]] = []  # {"step", "epoch", "blocks"}; in checkpoints
+        self.active = True
+
+    def measure(self, pl_module: L.LightningModule) -> list[float]:
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            x, y = (t.to(pl_module.device) for t in self.batch)
+            return lens_losses(pl_module.model, x, y)
+        finally:
+            pl_module.train(was_training)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.active = not shards_parameters(trainer, "LogitLens")
+        val = trainer.datamodule.val_set
+        windows = [val[i] for i in range(min(self.num_sequences, len(val)))]
+        self.batch = (torch.stack([x for x, _ in windows]), torch.stack([y for _, y in windows]))  # (n, T) each
+        ids = getattr(trainer.datamodule, "book_ids", None)
+        self.floor = unigram_entropy(ids) if ids is not None else None
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.active or trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        step, blocks = epoch_end_step(trainer), self.measure(pl_module)
+        self.history.append({"step": step, "epoch": trainer.current_epoch + 1, "blocks": blocks})
+        trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
+        writer = tensorboard_writer(trainer)
+        if writer is not None:
+            writer.add_image("figures/lens_by_block", figure_pixels(lens_figure(self.history, self.floor)), step,
+                             dataformats="HWC")  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))

@@ -1,0 +1,106 @@
+"""Loss by position: how well the model predicts the next token after 1, 2, ... context_length tokens of context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from gpt_lit.callbacks.figures import DPI, FIGSIZE, figure_pixels
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
+from gpt_lit.callbacks.unigram import unigram_entropy
+
+
+def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
+    """The mean loss over positions 1, 2-3, 4-7, 8-15, ... (the last octave up to the end), at each one's middle.
+
+    One position's loss averages one token of each validation window (37 in the chapter's split), so it is
+    noisy; an octave's mean averages many.
+    """
+    centres, means, lo = [], [], 1
+    while lo <= len(losses):
+        hi = 2 * lo - 1
+        if 2 * (hi + 1) > len(losses):  # the last octave runs to the end (64-128, not 64-127 and 128)
+            hi = len(losses)
+        centres.append((lo * hi) ** 0.5)
+        means.append(sum(losses[lo - 1 : hi]) / (hi - lo + 1))
+        lo = hi + 1
+    return centres, means
+
+
+def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
+    """Validation loss against position (log scale), per epoch (dark: the first): each position faint, each
+    octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"]
+    last = max(len(history) - 1, 1)
+    for i, point in enumerate(history):
+        losses, colour = point["losses"], cmap(0.9 * i / last)
+        ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
+        centres, means = octave_means(losses)
+        ax.plot(centres, means, "-o", color=colour, markersize=4, label=f"epoch {point['epoch']}")
+    if floor is not None:
+        ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
+    ax.set_xscale("log", base=2)
+    if history:
+        n = len(history[0]["losses"])
+        ticks = [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if p <= n]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:.0f}")
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(1, n)
+    ax.set_xlabel("position: tokens of context seen (log scale)")
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title("Validation loss at each position (faint) and per octave of positions", fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return fig
+
+
+class PositionLoss(Callback):
+    def __init__(self, positions: list[int] = [1, 8, 32, 128]):  # noqa: B006 (read only; a list for the YAML)
+        """Log the whole validation set's loss at each position of a window, from the evaluation that already runs.
+
+        Position p is the prediction of a window's token p + 1 from its first p tokens. ``GPTLightning``
+        accumulates each position's loss sum and token count while it evaluates the validation set (summed over
+        processes, so exact under DDP); the mean of the per-position losses equals ``loss/val``. After every
+        epoch, at the step of ``loss/val``: the scalars ``loss_by_position/<p>`` for the ``positions`` up to the
+        context length, and the image ``figures/loss_by_position``, one line per epoch, the unigram floor dotted.
+        No forward pass of its own.
+
+        Args:
+            positions: The positions (1 .. context_length) logged as scalars.
+        """
+        self.positions = list(positions)
+        self.floor: float | None = None
+        self.history: list[dict[str, Any]] = []  # {"step", "epoch", "losses"}; in checkpoints
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        ids = getattr(trainer.datamodule, "book_ids", None)
+        self.floor = unigram_entropy(ids) if ids is not None else None
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        losses = getattr(pl_module, "last_val_loss_by_position", None)
+        if losses is None or trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        pl_module.last_val_loss_by_position = None  # each evaluation is logged once
+        step, losses = epoch_end_step(trainer), losses.tolist()
+        self.history.append({"step": step, "epoch": trainer.current_epoch + 1, "losses": losses})
+        metrics = {f"loss_by_position/{p}": losses[p - 1] for p in self.positions if 1 <= p <= len(losses)}
+        trainer.logger.log_metrics(metrics, step=step)
+        writer = tensorboard_writer(trainer)
+        if writer is not None:
+            pixels = figure_pixels(position_figure(self.history, self.floor))
+            writer.add_image("figures/loss_by_position", pixels, step, dataformats="HWC")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))

@@ -1,0 +1,148 @@
+"""The residual stream: how large it is after each block, and how much each sub-layer writes into it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from gpt_lit.callbacks.figures import DPI, FIGSIZE, figure_pixels
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
+from gpt_lit.model import GPT
+
+
+def rms(x: torch.Tensor) -> float:
+    """Root-mean-square of every number of ``x``: sqrt(mean(x^2))."""
+    return x.float().square().mean().sqrt().item()
+
+
+@torch.no_grad()
+def stream_sizes(model: GPT, idx: torch.Tensor) -> dict[str, Any]:
+    """The stream's RMS into and out of every block, and each sub-layer's output RMS over its input stream's.
+
+    One pass of ``model.hidden_states`` on the token IDs ``idx`` (B, T), with forward hooks that read, in each
+    block, the stream the attention reads (``norm1``'s input), the attention's output, the stream the
+    feed-forward reads (``norm2``'s input) and the feed-forward's output. Returns ``embeddings`` (the RMS of
+    the stream entering block 1), ``rms`` (after each block), ``attn`` and ``ffn`` (per block: RMS of the
+    sub-layer's output / RMS of the stream it is added to; without residuals, of the stream it replaces).
+    In whatever mode the model is in (dropout, if training, would sit between the branch and the sum).
+    """
+    seen: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(name: str, i: int, use_input: bool):
+        return lambda _m, args, out: seen.__setitem__((name, i), args[0] if use_input else out)
+
+    hooks = []
+    for i, blk in enumerate(model.blocks):
+        hooks += [
+            blk.norm1.register_forward_hook(keep("attn_in", i, True)),
+            blk.attn.register_forward_hook(keep("attn_out", i, False)),
+            blk.norm2.register_forward_hook(keep("ffn_in", i, True)),
+            blk.ffn.register_forward_hook(keep("ffn_out", i, False)),
+            blk.register_forward_hook(keep("block_out", i, False)),
+        ]
+    try:
+        model.hidden_states(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    n = len(model.blocks)
+    return {
+        "embeddings": rms(seen["attn_in", 0]),
+        "rms": [rms(seen["block_out", i]) for i in range(n)],
+        "attn": [rms(seen["attn_out", i]) / rms(seen["attn_in", i]) for i in range(n)],
+        "ffn": [rms(seen["ffn_out", i]) / rms(seen["ffn_in", i]) for i in range(n)],
+    }
+
+
+def stream_figure(history: list[dict[str, Any]], residual: bool) -> Figure:
+    """The stream's RMS against depth (0: the embeddings), one line per epoch so far (dark: the start)."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    ax = fig.add_subplot()
+    cmap = colormaps["viridis"]
+    last = max(len(history) - 1, 1)
+    for i, point in enumerate(history):
+        sizes = [point["embeddings"], *point["rms"]]
+        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch']}"
+        ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
+    if history:
+        depth = len(history[0]["rms"])
+        ax.set_xticks(range(depth + 1), ["embed", *map(str, range(1, depth + 1))])
+    ax.set_yscale("log")
+    ax.set_xlabel("after block (embed: the stream entering block 1)")
+    ax.set_ylabel("RMS of the stream (log scale)")
+    kind = "the residual stream" if residual else "the stream (no residuals: each block's output)"
+    ax.set_title(f"Size of {kind} after each block", fontsize="medium")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return fig
+
+
+class ResidualStream(Callback):
+    def __init__(self, num_sequences: int = 8):
+        """Log the size of the residual stream after each block, and how much each sub-layer writes into it.
+
+        On the first ``num_sequences`` validation windows (a fixed batch), in eval mode without gradients, at
+        the start of a fresh run and after every epoch, at the step of ``loss/val``, on the main process:
+        ``stream/rms/block_1`` ... ``block_N``, the root-mean-square of the stream after each block
+        (``stream/rms/embeddings``: entering block 1); ``stream/update/attn_i`` and ``stream/update/ffn_i``, the
+        RMS of the sub-layer's output over the RMS of the stream it is added to (0.1: it nudges the stream;
+        1: it writes as much as is there). Without residuals nothing is added: the sub-layer's output *is* the
+        next stream, and the ratio is its output's size over its input's. The image ``figures/stream_by_block``
+        draws the stream's size against depth, one line per epoch. Skipped, with one logged line, under
+        strategies that shard the parameters.
+
+        Args:
+            num_sequences: How many validation windows to measure on (a fixed batch).
+        """
+        self.num_sequences = num_sequences
+        self.batch: torch.Tensor | None = None
+        self.history: list[dict[str, Any]] = []  # {"step", "epoch" (0: start), "embeddings", "rms", "attn", "ffn"}
+        self.active = True
+
+    def measure(self, pl_module: L.LightningModule) -> dict[str, Any]:
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            return stream_sizes(pl_module.model, self.batch.to(pl_module.device))
+        finally:
+            pl_module.train(was_training)
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
+        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        sizes = self.measure(pl_module)
+        self.history.append({"step": step, "epoch": epoch, **sizes})
+        metrics = {"stream/rms/embeddings": sizes["embeddings"]}
+        for i in range(len(sizes["rms"])):
+            metrics[f"stream/rms/block_{i + 1}"] = sizes["rms"][i]
+            metrics[f"stream/update/attn_{i + 1}"] = sizes["attn"][i]
+            metrics[f"stream/update/ffn_{i + 1}"] = sizes["ffn"][i]
+        trainer.logger.log_metrics(metrics, step=step)
+        writer = tensorboard_writer(trainer)
+        if writer is not None:
+            residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
+            pixels = figure_pixels(stream_figure(self.history, residual))
+            writer.add_image("figures/stream_by_block", pixels, step, dataformats="HWC")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.active = not shards_parameters(trainer, "ResidualStream")
+        val = trainer.datamodule.val_set
+        self.batch = torch.stack([val[i][0] for i in range(min(self.num_sequences, len(val)))])  # (n, T)
+        if self.active and is_fresh_start(trainer):  # a resumed run logged its start already
+            self._log(trainer, pl_module, step=0, epoch=0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.active:
+            self._log(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))

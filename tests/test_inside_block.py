@@ -1,0 +1,245 @@
+"""Inside the block: attention per head, the residual stream, the logit lens and the loss by position.
+
+Each instrument against a computation written out here (the softmax by hand, a block's forward by hand,
+``F.cross_entropy`` on the model's logits), on a tiny model with weights scaled up so that nothing is
+uniform; then a short run of the shipped config as a user runs it, with and without the four callbacks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from conftest import REPO, TINY
+from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
+
+from gpt_lit.callbacks import attention_weights, block_attentions, lens_losses, row_entropy, stream_sizes
+from gpt_lit.cli import main
+from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.module import GPTLightning
+
+T, V = 12, 97
+
+
+def tiny_model(residual: bool) -> GPT:
+    """2 blocks, 2 heads, 16 wide; weights drawn with std 0.3 so attention rows and losses are far from uniform."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2, residual=residual))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def tokens(batch: int = 3, length: int = T) -> torch.Tensor:
+    return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def embed(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    return model.tok_emb(idx) + model.pos_emb(torch.arange(idx.shape[1]))
+
+
+def layer_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+    return norm.weight * (x - mean) / torch.sqrt(var + norm.eps) + norm.bias
+
+
+def block_by_hand(blk, x: torch.Tensor, residual: bool) -> dict[str, torch.Tensor]:
+    """One block's forward written out from its submodules: its streams and its branches' outputs."""
+    a = blk.attn(layer_norm(x, blk.norm1))
+    mid = x + a if residual else a
+    f = blk.ffn(layer_norm(mid, blk.norm2))
+    return {"in": x, "attn": a, "mid": mid, "ffn": f, "out": mid + f if residual else f}
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_attention_weights_are_the_written_out_softmax_of_each_head(residual):
+    model, idx = tiny_model(residual), tokens()
+    weights = block_attentions(model, idx)
+    x = embed(model, idx)
+    n_heads, d = 2, 8
+    for blk, w in zip(model.blocks, weights, strict=True):
+        assert w.shape == (3, n_heads, T, T)
+        assert torch.allclose(w.sum(-1), torch.ones(3, n_heads, T), atol=1e-6)  # every row sums to 1
+        assert (w.triu(diagonal=1) == 0).all()  # nothing from a later token
+        xn = layer_norm(x, blk.norm1)  # (B, T, 16)
+        W, b = blk.attn.qkv.weight, blk.attn.qkv.bias  # (48, 16), (48,): q, k, v rows in that order
+        for h in range(n_heads):
+            q = xn @ W[h * d : (h + 1) * d].T + b[h * d : (h + 1) * d]  # (B, T, d)
+            k = xn @ W[16 + h * d : 16 + (h + 1) * d].T + b[16 + h * d : 16 + (h + 1) * d]
+            for t in range(T):
+                scores = (q[:, t : t + 1] * k[:, : t + 1]).sum(-1) / math.sqrt(d)  # (B, t + 1): keys 0 .. t
+                e = torch.exp(scores - scores.max(-1, keepdim=True).values)
+                assert torch.allclose(w[:, h, t, : t + 1], e / e.sum(-1, keepdim=True), atol=1e-6)
+        # The model's own attention (scaled_dot_product_attention) is these weights times v, then proj.
+        v = (xn @ W[32:].T + b[32:]).view(3, T, n_heads, d).transpose(1, 2)  # (B, n_heads, T, d)
+        mixed = (w @ v).transpose(1, 2).reshape(3, T, 16)
+        assert torch.allclose(blk.attn.proj(mixed), blk.attn(xn), atol=1e-5)
+        x = block_by_hand(blk, x, residual)["out"]
+
+
+def test_row_entropy_in_nats():
+    rows = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    assert torch.allclose(row_entropy(rows), torch.tensor([0.0, math.log(2), math.log(3)]))
+    model = tiny_model(True)
+    w = attention_weights(model.blocks[0].attn, torch.zeros(1, 4, 16))  # equal keys: even rows, log(t + 1)
+    assert torch.allclose(row_entropy(w)[0, 0], torch.log(torch.arange(1.0, 5.0)), atol=1e-6)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_stream_sizes_and_update_ratios_equal_a_block_forward_by_hand(residual):
+    model, idx = tiny_model(residual), tokens()
+    sizes = stream_sizes(model, idx)
+
+    def rms(t):
+        return math.sqrt((t.double() ** 2).mean().item())
+
+    x = embed(model, idx)
+    assert sizes["embeddings"] == pytest.approx(rms(x), rel=1e-5)
+    for i, blk in enumerate(model.blocks):
+        s = block_by_hand(blk, x, residual)
+        assert sizes["attn"][i] == pytest.approx(rms(s["attn"]) / rms(s["in"]), rel=1e-5)
+        assert sizes["ffn"][i] == pytest.approx(rms(s["ffn"]) / rms(s["mid"]), rel=1e-5)
+        assert sizes["rms"][i] == pytest.approx(rms(s["out"]), rel=1e-5)
+        x = s["out"]
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_the_lens_reads_each_depth_and_the_last_is_the_models_loss(residual):
+    model, idx = tiny_model(residual), tokens(length=T + 1)
+    x, y = idx[:, :-1], idx[:, 1:]
+    lens = lens_losses(model, x, y)
+    assert lens[-1] == pytest.approx(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item(), abs=1e-5)
+    after_1 = block_by_hand(model.blocks[0], embed(model, x), residual)["out"]
+    logits_1 = layer_norm(after_1, model.final_norm) @ model.head.weight.T
+    assert lens[0] == pytest.approx(F.cross_entropy(logits_1.flatten(0, 1), y.flatten()).item(), abs=1e-5)
+    assert abs(lens[0] - lens[1]) > 1e-3  # two different readings
+
+
+def _two_processes(rank: int, port: int, state: dict, windows: torch.Tensor, out: dict) -> None:
+    """One of two processes: evaluate every other batch of ``windows`` with GPTLightning.validation_step."""
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads are not here (with more, the first op hangs)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        module = GPTLightning(GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2))
+        module.model.load_state_dict(state)
+        module.eval()
+        for i, batch in enumerate(windows.split(4)):
+            if i % 2 == rank:  # 5 batches: 3 on process 0, 2 on process 1 (and 4 + 3 + ... windows: uneven)
+                module.validation_step((batch[:, :-1], batch[:, 1:]), i)
+        loss, by_position = module.val_loss.compute(), module.val_loss_by_position.compute()  # collectives
+        if rank == 0:
+            out["loss"], out["by_position"] = loss.item(), by_position.tolist()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_loss_by_position_on_one_and_two_processes_is_the_whole_sets_per_position_loss():
+    model, windows = tiny_model(True), tokens(batch=19, length=T + 1)
+    x, y = windows[:, :-1], windows[:, 1:]
+    per_token = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(19, T)
+    expected = per_token.mean(0)  # (T,): every window has every position
+    whole = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+
+    one = GPTLightning(GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2))
+    one.model.load_state_dict(model.state_dict())
+    one.eval()
+    for i, batch in enumerate(windows.split(4)):
+        one.validation_step((batch[:, :-1], batch[:, 1:]), i)
+    by_position = one.val_loss_by_position.compute()
+    assert torch.allclose(by_position, expected, atol=1e-5)
+    assert one.val_loss.compute().item() == pytest.approx(whole, abs=1e-5)
+    assert by_position.mean().item() == pytest.approx(one.val_loss.compute().item(), abs=1e-5)
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        port = 29500 + os.getpid() % 1000
+        mp.start_processes(_two_processes, (port, model.state_dict(), windows, out), nprocs=2, start_method="fork")
+        assert out["loss"] == pytest.approx(whole, abs=1e-5)
+        assert out["by_position"] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+FOUR = ("AttentionMaps", "ResidualStream", "LogitLens", "PositionLoss")
+SHORT = [*TINY, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--data.eval_train", "false",
+         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+         "--trainer.enable_checkpointing", "false"]  # fmt: skip
+
+
+def fit_events(config, tmp_path, name: str) -> tuple[EventAccumulator, GPTLightning]:
+    cli = main(["fit", "--config", str(config), *SHORT, "--trainer.logger.init_args.save_dir", str(tmp_path),
+                "--trainer.logger.init_args.name", name])  # fmt: skip
+    acc = EventAccumulator(cli.trainer.logger.log_dir, size_guidance={SCALARS: 0, IMAGES: 0})
+    acc.Reload()
+    return acc, cli.model
+
+
+def values(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """2 epochs of 2 steps of the shipped residual.yaml (tiny model), with its four callbacks and with them deleted."""
+    tmp = tmp_path_factory.mktemp("runs")
+    config = REPO / "configs" / "residual.yaml"
+    lines = config.read_text().splitlines(keepends=True)
+    kept = [ln for ln in lines if not any(f"callbacks.{name} " in ln for name in FOUR)]
+    kept = [ln for i, ln in enumerate(kept) if not (ln.lstrip().startswith("# attention/") and "Images" not in ln)]
+    without = tmp / "without.yaml"
+    without.write_text("".join(kept))
+    assert len(lines) - len(kept) == 5  # four entries, one of them two lines long
+    cwd = os.getcwd()
+    os.chdir(tmp)  # a run writes nothing but its logs, and those go to tmp
+    try:
+        return fit_events(config, tmp, "with"), fit_events(without, tmp, "without")
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_four_callbacks_change_no_loss(runs):
+    (with_, _), (without, _) = runs
+    assert "lens/block_1" in with_.Tags()[SCALARS] and "lens/block_1" not in without.Tags()[SCALARS]
+    for tag in ("loss/train_step", "loss/val"):  # dropout on while training: any random number drawn would show
+        assert values(with_, tag) == values(without, tag), tag
+    assert len(values(with_, "loss/train_step")) == 4
+
+
+def test_each_instrument_logs_at_the_start_and_at_loss_vals_step(runs):
+    (acc, module), _ = runs
+    ends = [s for s, _ in values(acc, "loss/val")]
+    scalars, images = acc.Tags()[SCALARS], acc.Tags()[IMAGES]
+    assert ends == [1, 3]
+    for i in (1, 2):
+        assert [s for s, _ in values(acc, f"attention/entropy/block_{i}")] == [0, *ends]
+        assert [e.step for e in acc.Images(f"attention/block_{i}")] == [0, *ends]
+        for tag in (f"stream/rms/block_{i}", f"stream/update/attn_{i}", f"stream/update/ffn_{i}"):
+            assert [s for s, _ in values(acc, tag)] == [0, *ends], tag
+        assert [s for s, _ in values(acc, f"lens/block_{i}")] == ends
+    for tag in ("figures/stream_by_block", "figures/lens_by_block", "figures/loss_by_position"):
+        assert tag in images, tag
+    positions = sorted(int(m.group(1)) for t in scalars if (m := re.fullmatch(r"loss_by_position/(\d+)", t)))
+    assert positions == [1, 8, 32]  # 128 is past this run's context of 32
+    # The instruments' values at the end, against a computation of their own on the final weights.
+    val = module.trainer.datamodule.val_set
+    x, y = torch.stack([val[i][0] for i in range(8)]), torch.stack([val[i][1] for i in range(8)])
+    module.eval()
+    with torch.no_grad():
+        own = F.cross_entropy(module.model(x).flatten(0, 1), y.flatten()).item()
+    assert values(acc, "lens/block_2")[-1][1] == pytest.approx(own, abs=1e-4)
+
+
+def test_loss_by_position_averages_to_loss_val(runs):
+    (acc, module), _ = runs
+    [callback] = [cb for cb in module.trainer.callbacks if type(cb).__name__ == "PositionLoss"]
+    for (step, val), point in zip(values(acc, "loss/val"), callback.history, strict=True):
+        assert point["step"] == step and len(point["losses"]) == 32
+        assert sum(point["losses"]) / 32 == pytest.approx(val, abs=1e-5)
+    for p in (1, 8, 32):
+        assert values(acc, f"loss_by_position/{p}")[-1][1] == pytest.approx(callback.history[-1]["losses"][p - 1])
