@@ -89,7 +89,7 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
         ax.text(-0.8, j, label, ha="right", va="center", fontsize=7)
     cax = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, T * cell / height))
     fig.colorbar(shown, cax=cax, label="attention weight")
-    when = "at the start" if epoch == 0 else f"after epoch {epoch}"
+    when = "at the start" if epoch == 0 else f"after epoch {epoch - 1}"  # epochs count from 0, as in the progress bar
     fig.suptitle(f"Block {block}: where each token (row) looks among the tokens up to it (columns), {when}",
                  y=1 - 0.1 / height, va="top")  # fmt: skip
     return fig

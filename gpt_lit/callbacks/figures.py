@@ -66,7 +66,7 @@ def similarity_figure(history: list[dict[str, Any]]) -> Figure:
     last = max(len(history) - 1, 1)
     for i, point in enumerate(history):
         blocks = list(range(1, len(point["blocks"]) + 1))
-        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch']}"
+        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch'] - 1}"  # counted from 0, as the progress bar
         ax.plot(blocks, point["blocks"], "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
     if history:
         ax.set_xticks(list(range(1, len(history[0]["blocks"]) + 1)))

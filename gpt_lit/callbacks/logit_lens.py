@@ -46,7 +46,7 @@ def lens_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
     cmap = colormaps["viridis"]
     last = max(len(history) - 1, 1)
     for i, point in enumerate(history):
-        blocks, label = range(1, len(point["blocks"]) + 1), f"epoch {point['epoch']}"
+        blocks, label = range(1, len(point["blocks"]) + 1), f"epoch {point['epoch'] - 1}"
         ax.plot(blocks, point["blocks"], "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
     if history:
         ax.set_xticks(range(1, len(history[0]["blocks"]) + 1))

@@ -44,7 +44,7 @@ def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figur
         losses, colour = point["losses"], cmap(0.9 * i / last)
         ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
         centres, means = octave_means(losses)
-        ax.plot(centres, means, "-o", color=colour, markersize=4, label=f"epoch {point['epoch']}")
+        ax.plot(centres, means, "-o", color=colour, markersize=4, label=f"epoch {point['epoch'] - 1}")
     if floor is not None:
         ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
     ax.set_xscale("log", base=2)

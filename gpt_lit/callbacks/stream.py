@@ -68,7 +68,7 @@ def stream_figure(history: list[dict[str, Any]], residual: bool) -> Figure:
     last = max(len(history) - 1, 1)
     for i, point in enumerate(history):
         sizes = [point["embeddings"], *point["rms"]]
-        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch']}"
+        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch'] - 1}"  # counted from 0, as the progress bar
         ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
     if history:
         depth = len(history[0]["rms"])
