@@ -170,8 +170,8 @@ def test_ckpt_path_last_without_a_run_says_where_it_looked(capsys, tmp_path, mon
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("error:") == 1, err
     assert err.startswith(
-        f"error: --ckpt_path last: no run with a checkpoint; looked for "
-        f"lightning_logs/residual/version_*/checkpoints/last.ckpt (from {tmp_path})"
+        f"error: --ckpt_path last: no run in lightning_logs/residual (from {tmp_path}). Train one with "
+        f"`python -m gpt_lit fit` and the same config, or give a checkpoint's path"
     )
 
 

@@ -235,7 +235,7 @@ def test_the_grad_norm_figure_draws_each_blocks_last_logged_norm_in_block_order(
 
 def test_the_similarity_figure_draws_one_line_per_epoch_so_far_in_block_order(run, events):
     lines = last_figure(run, "figures/similarity_by_block").axes[0].get_lines()
-    assert [line.get_label() for line in lines] == ["start", "epoch 0", "epoch 1"]  # epochs counted from 0, as the progress bar
+    assert [line.get_label() for line in lines] == ["start", "epoch 0", "epoch 1"]  # counted from 0
     for i, line in enumerate(lines):  # the start, then each epoch's end
         assert list(line.get_xdata()) == list(range(1, N_LAYERS + 1))
         logged = [values(events, f"similarity/block_{b}")[i] for b in range(1, N_LAYERS + 1)]

@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.errors import GptLitError
 
 
@@ -28,8 +29,9 @@ class FiniteLoss(Callback):
             return
         rank = int(bad[0])
         where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""
-        ckpt = trainer.checkpoint_callback
-        last = (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "")) if ckpt else ""
+        last = next((cb.saved_path for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
+        ckpt = trainer.checkpoint_callback  # without LastCheckpoint: a ModelCheckpoint's files
+        last = last or (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "") if ckpt else "")
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
         raise GptLitError(
             f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
