@@ -28,6 +28,7 @@ TINY = [
     "--data.context_length", "32",
     "--data.batch_size", "4",
     "--data.eval_batch_size", "64",
+    "--trainer.accelerator", "cpu",  # where `auto` would pick a GPU (MPS on a Mac), the tests still run on the CPU
 ]  # fmt: skip
 
 
