@@ -78,6 +78,28 @@ def similarity_figure(history: list[dict[str, Any]]) -> Figure:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
 
+def epochs_axes() -> tuple[Figure, Any]:
+    """A figure for one line per epoch: one axes, and room at its right for the legend."""
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
+    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    return fig, fig.add_subplot()
+
+
+def epoch_colour(i: int, n: int) -> tuple[float, ...]:
+    """The colour of line ``i`` of ``n`` (dark: the first)."""
+    return colormaps["viridis"](0.9 * i / max(n - 1, 1))
+
+
+def finish_epochs_axes(ax: Any, xlabel: str, ylabel: str, title: str, floor: float | None = None, grid: str = "major"):
+    """The unigram floor dotted (if given), the labels, a light grid and the legend right of the axes."""
+    if floor is not None:
+        ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize="medium")
+    ax.grid(alpha=0.3, which=grid)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
 
 def figure_pixels(fig: Figure) -> np.ndarray:
     """The figure drawn by matplotlib's Agg canvas: (height, width, 3) uint8 RGB."""

@@ -7,10 +7,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import DPI, FIGSIZE, figure_pixels
+from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, shards_parameters, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 from gpt_lit.model import GPT
@@ -40,23 +39,14 @@ def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
 
 def lens_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
     """Lens loss against depth, one line per epoch so far (dark: the first), the unigram floor dotted."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
-    ax = fig.add_subplot()
-    cmap = colormaps["viridis"]
-    last = max(len(history) - 1, 1)
+    fig, ax = epochs_axes()
     for i, point in enumerate(history):
         blocks, label = range(1, len(point["blocks"]) + 1), f"epoch {point['epoch'] - 1}"
-        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
+        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=epoch_colour(i, len(history)), label=label)
     if history:
         ax.set_xticks(range(1, len(history[0]["blocks"]) + 1))
-    if floor is not None:
-        ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
-    ax.set_xlabel("stream read out after block")
-    ax.set_ylabel("validation loss (nats)")
-    ax.set_title("Logit lens: the loss of the stream after each block, read out by the head", fontsize="medium")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    title = "Logit lens: the loss of the stream after each block, read out by the head"
+    finish_epochs_axes(ax, "stream read out after block", "validation loss (nats)", title, floor)
     return fig
 
 

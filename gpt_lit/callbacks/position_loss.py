@@ -6,11 +6,10 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from gpt_lit.callbacks.figures import DPI, FIGSIZE, figure_pixels
+from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 
@@ -35,18 +34,12 @@ def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
 def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
     """Validation loss against position (log scale), per epoch (dark: the first): each position faint, each
     octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
-    ax = fig.add_subplot()
-    cmap = colormaps["viridis"]
-    last = max(len(history) - 1, 1)
+    fig, ax = epochs_axes()
     for i, point in enumerate(history):
-        losses, colour = point["losses"], cmap(0.9 * i / last)
+        losses, colour = point["losses"], epoch_colour(i, len(history))
         ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
         centres, means = octave_means(losses)
         ax.plot(centres, means, "-o", color=colour, markersize=4, label=f"epoch {point['epoch'] - 1}")
-    if floor is not None:
-        ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
     ax.set_xscale("log", base=2)
     if history:
         n = len(history[0]["losses"])
@@ -55,11 +48,8 @@ def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figur
         ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:.0f}")
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlim(1, n)
-    ax.set_xlabel("position: tokens of context seen (log scale)")
-    ax.set_ylabel("validation loss (nats)")
-    ax.set_title("Validation loss at each position (faint) and per octave of positions", fontsize="medium")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    title = "Validation loss at each position (faint) and per octave of positions"
+    finish_epochs_axes(ax, "position: tokens of context seen (log scale)", "validation loss (nats)", title, floor)
     return fig
 
 

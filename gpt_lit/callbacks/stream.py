@@ -7,10 +7,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import DPI, FIGSIZE, figure_pixels
+from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
 from gpt_lit.model import GPT
 
@@ -61,25 +60,18 @@ def stream_sizes(model: GPT, idx: torch.Tensor) -> dict[str, Any]:
 
 def stream_figure(history: list[dict[str, Any]], residual: bool) -> Figure:
     """The stream's RMS against depth (0: the embeddings), one line per epoch so far (dark: the start)."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
-    ax = fig.add_subplot()
-    cmap = colormaps["viridis"]
-    last = max(len(history) - 1, 1)
+    fig, ax = epochs_axes()
     for i, point in enumerate(history):
         sizes = [point["embeddings"], *point["rms"]]
         label = "start" if point["epoch"] == 0 else f"epoch {point['epoch'] - 1}"  # counted from 0, as the progress bar
-        ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
+        ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=epoch_colour(i, len(history)), label=label)
     if history:
         depth = len(history[0]["rms"])
         ax.set_xticks(range(depth + 1), ["embed", *map(str, range(1, depth + 1))])
     ax.set_yscale("log")
-    ax.set_xlabel("after block (embed: the stream entering block 1)")
-    ax.set_ylabel("RMS of the stream (log scale)")
     kind = "the residual stream" if residual else "the stream (no residuals: each block's output)"
-    ax.set_title(f"Size of {kind} after each block", fontsize="medium")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    title, xlabel = f"Size of {kind} after each block", "after block (embed: the stream entering block 1)"
+    finish_epochs_axes(ax, xlabel, "RMS of the stream (log scale)", title, grid="both")
     return fig
 
 
