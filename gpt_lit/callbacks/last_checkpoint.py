@@ -173,6 +173,6 @@ class LastCheckpoint(Checkpoint):
             return
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                writer = logger.experiment._get_file_writer()  # torch's SummaryWriter: its file writer
+                writer = logger.experiment.file_writer  # torch's SummaryWriter's event file writer (public attribute)
                 for _ in range(2):
                     writer.add_event(Event(step=trainer.global_step, session_log=SessionLog(status=SessionLog.START)))

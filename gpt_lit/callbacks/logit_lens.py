@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 
 from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.similarity import block_outputs
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, shards_parameters, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 from gpt_lit.model import GPT
@@ -20,20 +21,14 @@ from gpt_lit.ops import head_cross_entropy
 def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """Cross-entropy against the targets ``y`` of ``head(final_norm(stream after block i))``, for i = 1 .. n_layers.
 
-    x, y: (B, T) token IDs and next tokens. One pass of ``model.hidden_states`` with a forward hook on every
-    block, in whatever mode the model is in; the head runs in chunks of rows (``head_cross_entropy``). The last
-    value is the model's own loss on (x, y).
+    x, y: (B, T) token IDs and next tokens. One pass through the blocks (``block_outputs``), in whatever mode the
+    model is in; the head runs in chunks of rows (``head_cross_entropy``). The last value is the model's own loss
+    on (x, y).
     """
-    outputs: list[torch.Tensor] = []
-    hooks = [blk.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for blk in model.blocks]
-    try:
-        model.hidden_states(x)
-    finally:
-        for hook in hooks:
-            hook.remove()
     targets = y.flatten()
     return [
-        head_cross_entropy(model.final_norm(out).flatten(0, 1), model.head.weight, targets).item() for out in outputs
+        head_cross_entropy(model.final_norm(out).flatten(0, 1), model.head.weight, targets).item()
+        for out in block_outputs(model, x)
     ]
 
 

@@ -25,12 +25,10 @@ def mean_position_similarity(hidden: torch.Tensor) -> torch.Tensor:
     return (off_diagonal / (T * (T - 1))).mean()
 
 
-@torch.no_grad()
-def block_similarities(model: GPT, idx: torch.Tensor) -> list[float]:
-    """``mean_position_similarity`` of the output of each block, 1 .. n_layers, for the token IDs ``idx`` (B, T).
+def block_outputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The stream after each block, 1 .. n_layers, (B, T, emb_dim) each, for the token IDs ``idx`` (B, T).
 
-    One pass of ``model.hidden_states`` with a forward hook on every block, in whatever mode the model is in;
-    the last value is the similarity at the top of the stack, before the final norm.
+    One pass of ``model.hidden_states`` with a forward hook on every block, in whatever mode the model is in.
     """
     outputs: list[torch.Tensor] = []
     hooks = [blk.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for blk in model.blocks]
@@ -39,7 +37,16 @@ def block_similarities(model: GPT, idx: torch.Tensor) -> list[float]:
     finally:
         for hook in hooks:
             hook.remove()
-    return [mean_position_similarity(out).item() for out in outputs]
+    return outputs
+
+
+@torch.no_grad()
+def block_similarities(model: GPT, idx: torch.Tensor) -> list[float]:
+    """``mean_position_similarity`` of the output of each block, 1 .. n_layers, for the token IDs ``idx`` (B, T).
+
+    The last value is the similarity at the top of the stack, before the final norm.
+    """
+    return [mean_position_similarity(out).item() for out in block_outputs(model, idx)]
 
 
 class PositionSimilarity(Callback):
