@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
 
-from gpt_lit.callbacks import attention_weights, block_attentions, lens_losses, row_entropy, stream_sizes
+from gpt_lit.callbacks import LogitLens, attention_weights, block_attentions, lens_losses, row_entropy, stream_sizes
 from gpt_lit.cli import main
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
@@ -82,6 +82,19 @@ def test_attention_weights_are_the_written_out_softmax_of_each_head(residual):
         mixed = (w @ v).transpose(1, 2).reshape(3, T, 16)
         assert torch.allclose(blk.attn.proj(mixed), blk.attn(xn), atol=1e-5)
         x = block_by_hand(blk, x, residual)["out"]
+
+
+def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw():
+    """Later epochs redraw only the weights and the title over the saved rest: the pixels must be a full draw's."""
+    from gpt_lit.callbacks.attention import AttentionFigure, attention_figure
+    from gpt_lit.callbacks.figures import figure_pixels
+
+    labels = [f"t{i}" for i in range(6)]
+    figure = AttentionFigure(torch.full((2, 6, 6), 1 / 6), labels, block=2)
+    for epoch, scale in ((0, 0.0), (1, 3.0), (7, 9.0)):  # uniform rows, then sharper and sharper ones
+        weights = torch.softmax(torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(epoch)) * scale, -1)
+        full = figure_pixels(attention_figure(weights, labels, block=2, epoch=epoch))
+        assert figure.pixels(weights, epoch).tolist() == full.tolist(), epoch
 
 
 def test_row_entropy_in_nats():
@@ -228,7 +241,8 @@ def test_each_instrument_logs_at_the_start_and_at_loss_vals_step(runs):
     assert positions == [1, 8, 32]  # 128 is past this run's context of 32
     # The instruments' values at the end, against a computation of their own on the final weights.
     val = module.trainer.datamodule.val_set
-    x, y = torch.stack([val[i][0] for i in range(8)]), torch.stack([val[i][1] for i in range(8)])
+    n = LogitLens().num_sequences  # the shipped configs' lens: the default number of windows
+    x, y = torch.stack([val[i][0] for i in range(n)]), torch.stack([val[i][1] for i in range(n)])
     module.eval()
     with torch.no_grad():
         own = F.cross_entropy(module.model(x).flatten(0, 1), y.flatten()).item()

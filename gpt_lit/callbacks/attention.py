@@ -8,9 +8,9 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import figure_pixels
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
 from gpt_lit.model import GPT, CausalSelfAttention
 from gpt_lit.tokenizer import get_tokenizer
@@ -61,18 +61,33 @@ def token_labels(ids: list[int]) -> list[str]:
     return [enc.decode([i]).replace("\n", "↵")[:12] for i in ids]
 
 
+def heads_image(weights: torch.Tensor, gap: int = 2) -> np.ndarray:
+    """(n_heads, T, T) weights as one (T, n_heads * (T + gap) - gap) array, heads side by side, NaN (white) in the
+    masked future and in the ``gap`` columns between heads."""
+    n_heads, T = weights.shape[0], weights.shape[-1]
+    image = np.full((T, n_heads * (T + gap) - gap), np.nan)
+    for h in range(n_heads):
+        head = weights[h].float().numpy().copy()
+        head[np.triu_indices(T, 1)] = np.nan  # the masked future: white
+        image[:, h * (T + gap) : h * (T + gap) + T] = head
+    return image
+
+
+def attention_title(block: int, epoch: int) -> str:
+    when = "at the start" if epoch == 0 else f"after epoch {epoch - 1}"  # epochs count from 0, as in the progress bar
+    return f"Block {block}: where each token (row) looks among the tokens up to it (columns), {when}"
+
+
 def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: int) -> Figure:
     """One block's heads side by side: (n_heads, T, T) weights, queries down, keys across, the tokens as labels.
 
     One image of all heads (white: the masked future) and plain text labels, no tick objects or constrained
-    layout: a hundred tick labels would cost ~1 s of CPU a figure, this ~0.2 s.
+    layout: a hundred tick labels would cost ~1 s of CPU a figure, this ~0.3 s (``AttentionFigure`` redraws it
+    each epoch for ~0.03 s).
     """
     n_heads, T = weights.shape[0], weights.shape[-1]
     gap = 2  # blank columns between heads
-    image = np.full((T, n_heads * (T + gap) - gap), np.nan)
-    for h in range(n_heads):
-        image[:, h * (T + gap) : h * (T + gap) + T] = weights[h].float().tril().numpy()
-        image[:, h * (T + gap) : h * (T + gap) + T][np.triu_indices(T, 1)] = np.nan  # the masked future: white
+    image = heads_image(weights, gap)
     cell = 0.15  # inches per token
     left, right, top, bottom = 1.0, 1.1, 0.7, 1.0
     width, height = left + image.shape[1] * cell + right, top + T * cell + bottom
@@ -89,10 +104,36 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
         ax.text(-0.8, j, label, ha="right", va="center", fontsize=7)
     cax = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, T * cell / height))
     fig.colorbar(shown, cax=cax, label="attention weight")
-    when = "at the start" if epoch == 0 else f"after epoch {epoch - 1}"  # epochs count from 0, as in the progress bar
-    fig.suptitle(f"Block {block}: where each token (row) looks among the tokens up to it (columns), {when}",
-                 y=1 - 0.1 / height, va="top")  # fmt: skip
+    fig.text(0.5, 1 - 0.1 / height, attention_title(block, epoch), ha="center", va="top", fontsize="large")  # title
     return fig
+
+
+class AttentionFigure:
+    """``attention_figure`` for one block, drawn in full once; each later epoch redraws only the weights and the
+    title over the saved rest (matplotlib's blitting: ``copy_from_bbox``, ``restore_region``, ``draw_artist``),
+    as the labels, the layout and the colour bar stay the same. The pixels equal a full draw's."""
+
+    def __init__(self, weights: torch.Tensor, labels: list[str], block: int):
+        self.block = block
+        self.fig = attention_figure(weights, labels, block, epoch=0)
+        self.canvas = FigureCanvasAgg(self.fig)
+        self.image = self.fig.axes[0].images[0]
+        (self.title,) = self.fig.texts  # the title, the figure's one text of its own
+        self.image.set_visible(False)
+        self.title.set_visible(False)
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(self.fig.bbox)  # everything but the weights and the title
+        self.image.set_visible(True)
+        self.title.set_visible(True)
+
+    def pixels(self, weights: torch.Tensor, epoch: int) -> np.ndarray:
+        """The figure for ``weights`` (n_heads, T, T) after ``epoch`` (0: the start), (height, width, 3) uint8 RGB."""
+        self.image.set_data(heads_image(weights))
+        self.title.set_text(attention_title(self.block, epoch))
+        self.canvas.restore_region(self.background)
+        self.fig.draw_artist(self.image)
+        self.fig.draw_artist(self.title)
+        return np.asarray(self.canvas.buffer_rgba())[:, :, :3].copy()
 
 
 class AttentionMaps(Callback):
@@ -117,6 +158,7 @@ class AttentionMaps(Callback):
         self.num_sequences = num_sequences
         self.batch: torch.Tensor | None = None
         self.labels: list[str] = []
+        self.figures: dict[int, AttentionFigure] = {}  # block -> its figure, drawn in full once
         self.active = True
 
     def measure(self, pl_module: L.LightningModule) -> tuple[list[torch.Tensor], list[float]]:
@@ -139,7 +181,9 @@ class AttentionMaps(Callback):
         writer = tensorboard_writer(trainer)
         if writer is not None:
             for i, weights in enumerate(sentence, 1):
-                pixels = figure_pixels(attention_figure(weights, self.labels, i, epoch))
+                if i not in self.figures:
+                    self.figures[i] = AttentionFigure(weights, self.labels, i)
+                pixels = self.figures[i].pixels(weights, epoch)
                 writer.add_image(f"attention/block_{i}", pixels, step, dataformats="HWC")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -147,6 +191,7 @@ class AttentionMaps(Callback):
         val = trainer.datamodule.val_set
         self.batch = torch.stack([val[i][0] for i in range(min(self.num_sequences, len(val)))])  # (n, T)
         self.labels = token_labels(self.batch[0, : self.num_tokens].tolist())
+        self.figures = {}  # drawn again for this fit's sentence
         if self.active and is_fresh_start(trainer):  # a resumed run logged its start already
             self._log(trainer, pl_module, step=0, epoch=0)
 

@@ -78,6 +78,7 @@ def similarity_figure(history: list[dict[str, Any]]) -> Figure:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
 
+
 def epochs_axes() -> tuple[Figure, Any]:
     """A figure for one line per epoch: one axes, and room at its right for the legend."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
