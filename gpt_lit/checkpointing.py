@@ -31,12 +31,22 @@ from gpt_lit.errors import GptLitError
 NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # disk full, file size limit, quota
 
 
+class NoRoomError(GptLitError):
+    """A checkpoint did not fit on the disk (or under a size limit or quota); the previous one is whole."""
+
+
 def last_good_checkpoint(folder: Path) -> Path | None:
     """``last.ckpt`` in ``folder`` if there is one, else the newest ``.ckpt`` there (None if none)."""
     if (folder / "last.ckpt").is_file():
         return folder / "last.ckpt"
     saved = [p for p in folder.glob("*.ckpt") if p.is_file()]
     return max(saved, key=lambda p: p.stat().st_mtime) if saved else None
+
+
+def several_processes() -> bool:
+    """Whether this process is one of several (torch.distributed initialized with more than one)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def write_atomically(data: memoryview, path: Path) -> None:
@@ -72,6 +82,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def __init__(self) -> None:
         super().__init__()
         self.bytes_written = 0  # what this process's saves wrote, in bytes
+        self.failed: NoRoomError | None = None  # under several processes, a save that found no room, until raised
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or not _is_local_file_protocol(path):
@@ -89,10 +100,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             free = shutil.disk_usage(path.parent).free
             last = last_good_checkpoint(path.parent)
             kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved before"
-            raise GptLitError(
+            error = NoRoomError(
                 f"no room to save checkpoint {path.name} in {path.parent} ({e.strerror}): it needs {len(data):,} "
                 f"bytes there ({free:,} free; the new file is written beside the old one before replacing it, so "
                 f"for a moment both take room); {kept}. Free some room, or log elsewhere with "
                 f"--trainer.logger.init_args.save_dir, and resume from it with --ckpt_path"
-            ) from None
+            )
+            if several_processes():
+                # Only process 0 writes; the others wait for it in the save's barrier, and an error raised here alone
+                # would leave them waiting. LastCheckpoint raises it on every process after its next save.
+                self.failed = self.failed or error
+                return
+            raise error from None
         self.bytes_written += len(data)

@@ -36,7 +36,7 @@ PROMPTS = ["The Time Traveller", "I saw", "It was", "Weena"]
 SAMPLING = ["--model.temperature", "1.0", "--model.top_k", "50", "--model.max_new_tokens", "6"]
 
 POISON = '''
-import math
+import math, resource, signal
 from lightning.pytorch.callbacks import Callback
 
 class PoisonOneProcess(Callback):
@@ -46,6 +46,16 @@ class PoisonOneProcess(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
             pl_module.model.head.weight.data.fill_(math.nan)
+
+class FillTheDisk(Callback):
+    """After training step `step`, let process `rank` write no file over 10 MB (a checkpoint is ~39 MB): its next
+    save fails as on a full disk."""
+    def __init__(self, step: int, rank: int):
+        self.step, self.rank = step, rank
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (10_000_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 '''
 
 
@@ -84,20 +94,25 @@ if torch.distributed.is_initialized():
 LAST = ["--config", "lightning_logs/residual/version_0/config.yaml",
         "--ckpt_path", "lightning_logs/residual/version_0/checkpoints/last.ckpt"]  # fmt: skip
 POISON_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.PoisonOneProcess", "init_args": {"step": 3, "rank": 1}}'
+DISK_FULL_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.FillTheDisk", "init_args": {"step": 3, "rank": 0}}'
 STEPS = [
     ("fit", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", POISON_AT_STEP_3]),  # 2 epochs of 2 steps
     ("test", ["test", *LAST, *DDP]),
     ("predict", ["predict", *LAST, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *DDP]),
-]
+    # Process 0's disk fills in epoch 1: its saves at that epoch's end fail (the limit stays: the last step).
+    ("full_disk", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", "--data.eval_train", "false",
+                   "--trainer.logger.init_args.name", "full_disk", DISK_FULL_AT_STEP_3]),
+]  # fmt: skip
 
 
 @dataclass
 class TwoProcesses:
     cwd: Path  # where the steps ran: lightning_logs/ is here
 
-    def step(self, name: str) -> tuple[list[int], str, str]:
-        """A step's exit status on each process, and their stdout and stderr (process 0's, then process 1's)."""
-        codes = [json.loads((self.cwd / f"codes.{rank}.json").read_text())[name] for rank in (0, 1)]
+    def step(self, name: str) -> tuple[list[int | None], str, str]:
+        """A step's exit status on each process (None: the process ended inside it), and their stdout and stderr
+        (process 0's, then process 1's)."""
+        codes = [json.loads((self.cwd / f"codes.{rank}.json").read_text()).get(name) for rank in (0, 1)]
         out, err = (
             "".join((self.cwd / f"{name}.{rank}.{kind}").read_text() for rank in (0, 1)) for kind in ("out", "err")
         )
@@ -153,6 +168,19 @@ def test_a_nan_on_one_process_stops_both_with_one_line(ddp):
     ckpt = torch.load(ddp.cwd / last, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2  # after epoch 0
     assert len(ckpt["callbacks"]["RNGState"]["ranks"]) == 2  # each process's generators, for its dropout masks
+
+
+def test_a_full_disk_on_process_0_stops_both_with_one_line_and_keeps_the_last_checkpoint(ddp):
+    # Only process 0 writes; process 1 waits for it in the save's barrier, and stops with it, with the same error.
+    codes, _, err = ddp.step("full_disk")
+    assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    folder = Path("lightning_logs") / "full_disk" / "version_0" / "checkpoints"
+    assert len(errors) == 1 and errors[0].startswith("error: no room to save checkpoint "), errors
+    assert f"the last good checkpoint is {folder / 'last.ckpt'}" in errors[0], errors[0]
+    ckpt = torch.load(ddp.cwd / folder / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 2  # epoch 0's, whole
+    assert not list((ddp.cwd / folder).glob(".*.part"))  # the failed write left nothing behind
 
 
 def test_logged_once_and_the_whole_sets_equal_one_process(run):

@@ -13,6 +13,8 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
+from gpt_lit.checkpointing import NoRoomError
+
 CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
 
@@ -158,7 +160,19 @@ class LastCheckpoint(Checkpoint):
             trainer.save_checkpoint(self.path, weights_only=False)  # all a resume needs, not the weights only
         finally:
             self._saving = False
+        if trainer.world_size > 1:
+            self._raise_a_failed_save(trainer)
         self.saved_step = trainer.global_step
+
+    def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
+        """Under several processes, raise on every one of them the error of a save (this one, or another checkpoint
+        callback's since the last) that failed on process 0, which alone writes: one broadcast of its message."""
+        io = trainer.strategy.checkpoint_io
+        io = getattr(io, "checkpoint_io", None) or io  # AsyncCheckpointIO wraps the one that writes
+        failed = getattr(io, "failed", None)
+        message = trainer.strategy.broadcast(str(failed) if failed else None, src=0)
+        if message is not None:
+            raise NoRoomError(message)
 
     # -- resuming ---------------------------------------------------------------------------------------------
 
