@@ -60,7 +60,7 @@ class RNGState(Callback):
         if trainer.world_size > 1:
             buffer = io.BytesIO()
             torch.save(rng_states(), buffer)  # as bytes: all_gather_object cannot unpickle bare tensors here
-            states = [torch.load(io.BytesIO(b), weights_only=False) for b in gather_objects(trainer, buffer.getvalue())]
+            states = [torch.load(io.BytesIO(b), weights_only=True) for b in gather_objects(trainer, buffer.getvalue())]
             checkpoint["callbacks"][self.state_key] = {"ranks": states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
