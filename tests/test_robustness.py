@@ -82,6 +82,17 @@ def test_unknown_key_or_bad_value_in_a_config_file_names_the_file_and_line(capsy
     assert "model.config.emb_dim: expected int, got 'abc' (in mine.yaml, line 5;" in line
 
 
+def test_a_callback_that_does_not_import_is_named_with_why(capsys, tmp_path):
+    (tmp_path / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: gpt_lit.callbacks.Colour\n")
+    line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
+    assert "trainer.callbacks: cannot use class_path 'gpt_lit.callbacks.Colour': module 'gpt_lit.callbacks' has no " \
+        "attribute 'Colour'" in line  # fmt: skip
+    # An older run's config.yaml, resumed: the name its checkpoint callback had then, and what replaces it.
+    (tmp_path / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: gpt_lit.callbacks.EpochCheckpoint\n")
+    line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
+    assert "cannot use class_path 'gpt_lit.callbacks.EpochCheckpoint': every fit saves last.ckpt itself" in line
+
+
 def test_bad_value_on_the_command_line_names_the_option(capsys):
     line = error_line(capsys, "fit", *RUN, "--model.config.emb_dim", "abc")
     assert "(from the command line: --model.config.emb_dim;" in line
