@@ -7,11 +7,11 @@ import math
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
+from gpt_lit.callbacks.probe import ValidationProbe
+from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.model import GPT, CausalSelfAttention
 from gpt_lit.tokenizer import get_tokenizer
 
@@ -136,7 +136,7 @@ class AttentionFigure:
         return np.asarray(self.canvas.buffer_rgba())[:, :, :3].copy()
 
 
-class AttentionMaps(Callback):
+class AttentionMaps(ValidationProbe):
     def __init__(self, num_tokens: int = 24, num_sequences: int = 8):
         """Draw each block's attention weights for one fixed sentence, and log how sharp the heads are.
 
@@ -154,29 +154,23 @@ class AttentionMaps(Callback):
             num_tokens: How many tokens of the first validation window the images show.
             num_sequences: How many validation windows the entropy averages over.
         """
+        super().__init__(num_sequences)
         self.num_tokens = num_tokens
-        self.num_sequences = num_sequences
-        self.batch: torch.Tensor | None = None
         self.labels: list[str] = []
         self.figures: dict[int, AttentionFigure] = {}  # block -> its figure, drawn in full once
-        self.active = True
 
-    def measure(self, pl_module: L.LightningModule) -> tuple[list[torch.Tensor], list[float]]:
+    def prepare(self, trainer: L.Trainer) -> None:
+        self.labels = token_labels(self.batch[0, : self.num_tokens].tolist())
+        self.figures = {}  # drawn again for this fit's sentence
+
+    def measure(self, model: GPT, batch: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
         """Per block: the sentence's weights (n_heads, num_tokens, num_tokens) and the fixed batch's mean entropy."""
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            batch = self.batch.to(pl_module.device)
-            sentence = [w[0].cpu() for w in block_attentions(pl_module.model, batch[:1, : self.num_tokens])]
-            entropies = [row_entropy(w).mean().item() for w in block_attentions(pl_module.model, batch)]
-        finally:
-            pl_module.train(was_training)
+        sentence = [w[0].cpu() for w in block_attentions(model, batch[:1, : self.num_tokens])]
+        entropies = [row_entropy(w).mean().item() for w in block_attentions(model, batch)]
         return sentence, entropies
 
-    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
-        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        sentence, entropies = self.measure(pl_module)
+    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, values: tuple) -> None:
+        sentence, entropies = values
         trainer.logger.log_metrics({f"attention/entropy/block_{i}": v for i, v in enumerate(entropies, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
@@ -185,16 +179,3 @@ class AttentionMaps(Callback):
                     self.figures[i] = AttentionFigure(weights, self.labels, i)
                 pixels = self.figures[i].pixels(weights, epoch)
                 writer.add_image(f"attention/block_{i}", pixels, step, dataformats="HWC")
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.active = not shards_parameters(trainer, "AttentionMaps")
-        val = trainer.datamodule.val_set
-        self.batch = torch.stack([val[i][0] for i in range(min(self.num_sequences, len(val)))])  # (n, T)
-        self.labels = token_labels(self.batch[0, : self.num_tokens].tolist())
-        self.figures = {}  # drawn again for this fit's sentence
-        if self.active and is_fresh_start(trainer):  # a resumed run logged its start already
-            self._log(trainer, pl_module, step=0, epoch=0)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.active:
-            self._log(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)

@@ -6,12 +6,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 
 from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, shards_parameters, tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 from gpt_lit.model import GPT
 from gpt_lit.ops import head_cross_entropy
@@ -45,7 +45,10 @@ def lens_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
     return fig
 
 
-class LogitLens(Callback):
+class LogitLens(ValidationProbe):
+    at_start = False  # the head reads nothing useful before training
+    with_targets = True
+
     def __init__(self, num_sequences: int = 2):
         """Log the validation loss of the stream after each block, read out through the final norm and the head.
 
@@ -61,42 +64,22 @@ class LogitLens(Callback):
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
-        self.num_sequences = num_sequences
-        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        super().__init__(num_sequences)
         self.floor: float | None = None
-        self.history: list[dict[str, Any]] = []  # {"step", "epoch", "blocks"}; in checkpoints
-        self.active = True
 
-    def measure(self, pl_module: L.LightningModule) -> list[float]:
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            x, y = (t.to(pl_module.device) for t in self.batch)
-            return lens_losses(pl_module.model, x, y)
-        finally:
-            pl_module.train(was_training)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.active = not shards_parameters(trainer, "LogitLens")
-        val = trainer.datamodule.val_set
-        windows = [val[i] for i in range(min(self.num_sequences, len(val)))]
-        self.batch = (torch.stack([x for x, _ in windows]), torch.stack([y for _, y in windows]))  # (n, T) each
+    def prepare(self, trainer: L.Trainer) -> None:
         ids = getattr(trainer.datamodule, "book_ids", None)
         self.floor = unigram_entropy(ids) if ids is not None else None
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.active or trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        step, blocks = epoch_end_step(trainer), self.measure(pl_module)
-        self.history.append({"step": step, "epoch": trainer.current_epoch + 1, "blocks": blocks})
+    def measure(self, model: GPT, batch: tuple[torch.Tensor, torch.Tensor]) -> list[float]:
+        return lens_losses(model, *batch)
+
+    def record(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, blocks: list[float]
+    ) -> None:
+        self.history.append({"step": step, "epoch": epoch, "blocks": blocks})
         trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
             writer.add_image("figures/lens_by_block", figure_pixels(lens_figure(self.history, self.floor)), step,
                              dataformats="HWC")  # fmt: skip
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters
+from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.model import GPT
 
 
@@ -49,7 +46,7 @@ def block_similarities(model: GPT, idx: torch.Tensor) -> list[float]:
     return [mean_position_similarity(out).item() for out in block_outputs(model, idx)]
 
 
-class PositionSimilarity(Callback):
+class PositionSimilarity(ValidationProbe):
     def __init__(self, num_sequences: int = 8):
         """Log the similarity between positions after every block, at the start of training and after every epoch.
 
@@ -63,43 +60,16 @@ class PositionSimilarity(Callback):
         Args:
             num_sequences: How many validation windows to average over (a fixed batch).
         """
-        self.num_sequences = num_sequences
-        self.batch: torch.Tensor | None = None
-        self.history: list[dict[str, Any]] = []  # {"step", "epoch" (0: start), "blocks"}; in checkpoints
-        self.active = True
+        super().__init__(num_sequences)
 
-    def measure(self, pl_module: L.LightningModule) -> list[float]:
-        """The similarity after each block of ``pl_module.model`` for the fixed batch, in eval mode."""
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            return block_similarities(pl_module.model, self.batch.to(pl_module.device))
-        finally:
-            pl_module.train(was_training)
+    def measure(self, model: GPT, batch: torch.Tensor) -> list[float]:
+        """The similarity after each block of ``model`` for the fixed batch."""
+        return block_similarities(model, batch)
 
-    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
-        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        blocks = self.measure(pl_module)
-        self.history.append({"step": step, "epoch": epoch, "blocks": blocks})
+    def record(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, blocks: list[float]
+    ) -> None:
+        self.history.append({"step": step, "epoch": epoch, "blocks": blocks})  # epoch 0: the start
         metrics = {f"similarity/block_{i}": v for i, v in enumerate(blocks, 1)}
         metrics["similarity/positions"] = blocks[-1]
         trainer.logger.log_metrics(metrics, step=step)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.active = not shards_parameters(trainer, "PositionSimilarity")
-        val = trainer.datamodule.val_set
-        n = min(self.num_sequences, len(val))
-        self.batch = torch.stack([val[i][0] for i in range(n)])  # (n, T)
-        if self.active and is_fresh_start(trainer):  # a resumed run logged its start already
-            self._log(trainer, pl_module, step=0, epoch=0)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.active:
-            self._log(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))

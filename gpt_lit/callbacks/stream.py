@@ -6,11 +6,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 
 from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
+from gpt_lit.callbacks.probe import ValidationProbe
+from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.model import GPT
 
 
@@ -75,7 +75,7 @@ def stream_figure(history: list[dict[str, Any]], residual: bool) -> Figure:
     return fig
 
 
-class ResidualStream(Callback):
+class ResidualStream(ValidationProbe):
     def __init__(self, num_sequences: int = 8):
         """Log the size of the residual stream after each block, and how much each sub-layer writes into it.
 
@@ -92,24 +92,13 @@ class ResidualStream(Callback):
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
-        self.num_sequences = num_sequences
-        self.batch: torch.Tensor | None = None
-        self.history: list[dict[str, Any]] = []  # {"step", "epoch" (0: start), "embeddings", "rms", "attn", "ffn"}
-        self.active = True
+        super().__init__(num_sequences)
 
-    def measure(self, pl_module: L.LightningModule) -> dict[str, Any]:
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            return stream_sizes(pl_module.model, self.batch.to(pl_module.device))
-        finally:
-            pl_module.train(was_training)
+    def measure(self, model: GPT, batch: torch.Tensor) -> dict[str, Any]:
+        return stream_sizes(model, batch)
 
-    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
-        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        sizes = self.measure(pl_module)
-        self.history.append({"step": step, "epoch": epoch, **sizes})
+    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, sizes: dict) -> None:
+        self.history.append({"step": step, "epoch": epoch, **sizes})  # "embeddings", "rms", "attn", "ffn"
         metrics = {"stream/rms/embeddings": sizes["embeddings"]}
         for i in range(len(sizes["rms"])):
             metrics[f"stream/rms/block_{i + 1}"] = sizes["rms"][i]
@@ -121,20 +110,3 @@ class ResidualStream(Callback):
             residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
             pixels = figure_pixels(stream_figure(self.history, residual))
             writer.add_image("figures/stream_by_block", pixels, step, dataformats="HWC")
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.active = not shards_parameters(trainer, "ResidualStream")
-        val = trainer.datamodule.val_set
-        self.batch = torch.stack([val[i][0] for i in range(min(self.num_sequences, len(val)))])  # (n, T)
-        if self.active and is_fresh_start(trainer):  # a resumed run logged its start already
-            self._log(trainer, pl_module, step=0, epoch=0)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.active:
-            self._log(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))

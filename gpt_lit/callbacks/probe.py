@@ -1,0 +1,77 @@
+"""What the diagnostics that run the model on a fixed batch of validation windows share: when, where, how."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters
+from gpt_lit.model import GPT
+
+
+class ValidationProbe(Callback):
+    """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every epoch, at the
+    step of ``loss/val``, and at the start of a fresh run when ``at_start``; on the main process, in eval mode
+    without gradients, then back in training mode. A subclass says what to ``measure`` and how to ``record`` it.
+    ``history`` (one entry per measurement, for figures that draw every epoch so far) goes into checkpoints, so
+    a resumed run's figures keep the epochs before the stop. Skipped, with one logged line, under strategies
+    that shard the parameters (the model cannot be run outside their own forward).
+    """
+
+    at_start = True  # also measure at the start of a fresh run ("epoch" 0)
+    with_targets = False  # the batch is (inputs, targets), else the inputs alone
+
+    def __init__(self, num_sequences: int):
+        self.num_sequences = num_sequences
+        self.batch: Any = None  # (n, T) token IDs, or a pair of them with the targets
+        self.history: list[dict[str, Any]] = []  # in checkpoints
+        self.active = True
+
+    def measure(self, model: GPT, batch: Any) -> Any:
+        """What this diagnostic computes from the model on the batch (already on the model's device)."""
+        raise NotImplementedError
+
+    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, values: Any) -> None:
+        """Log ``values`` (and keep what figures need in ``history``) at ``step``, after ``epoch`` (0: the start)."""
+        raise NotImplementedError
+
+    def prepare(self, trainer: L.Trainer) -> None:
+        """At the start of fit, once the batch is chosen: anything else this diagnostic needs from the data."""
+
+    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
+        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        batch = (
+            tuple(t.to(pl_module.device) for t in self.batch) if self.with_targets else self.batch.to(pl_module.device)
+        )
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                values = self.measure(pl_module.model, batch)
+        finally:
+            pl_module.train(was_training)
+        self.record(trainer, pl_module, step, epoch, values)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.active = not shards_parameters(trainer, type(self).__name__)
+        val = trainer.datamodule.val_set
+        windows = [val[i] for i in range(min(self.num_sequences, len(val)))]
+        inputs = torch.stack([x for x, _ in windows])  # (n, T)
+        self.batch = (inputs, torch.stack([y for _, y in windows])) if self.with_targets else inputs
+        self.prepare(trainer)
+        if self.active and self.at_start and is_fresh_start(trainer):  # a resumed run logged its start already
+            self._probe(trainer, pl_module, step=0, epoch=0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.active:
+            self._probe(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
