@@ -18,6 +18,7 @@ import io
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,13 @@ def write_atomically(data: memoryview, path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable."""
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
@@ -76,12 +82,49 @@ def write_atomically(data: memoryview, path: Path) -> None:
         pass
 
 
+def holds(path: Path, data: memoryview) -> bool:
+    """Whether the file ``path`` holds exactly ``data``; reads until the first difference."""
+    try:
+        if path.stat().st_size != len(data):
+            return False
+        with open(path, "rb") as f:
+            for start in range(0, len(data), 1 << 22):
+                if f.read(1 << 22) != data[start : start + (1 << 22)]:
+                    return False
+        return True
+    except OSError:
+        return False
+
+
+def link_atomically(source: Path, path: Path) -> bool:
+    """Make ``path`` a second name of the file ``source`` (a hard link), replacing what was there in one rename.
+    False, with nothing changed, where the filesystem has no hard links or the two are on different ones."""
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.link"  # os.link creates it
+    try:
+        os.link(source, tmp)
+    except OSError:
+        return False
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+    return True
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into a temporary file beside the checkpoint, fsync, rename; ``bytes_written`` counts."""
+    """``torch.save`` into a temporary file beside the checkpoint, fsync, rename; ``bytes_written`` counts.
+
+    A checkpoint byte for byte the same as the one this plugin saved last (the best file and ``last.ckpt`` of
+    the same epoch's end) becomes a hard link to it: one copy on disk. As every save replaces its file by a
+    rename, a name saved again or deleted later leaves the other name's file as it was.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes_written = 0  # what this process's saves wrote, in bytes
+        self.saved_last: tuple[Path, int | None] | None = None  # (path, global step) of the latest save
         self.failed: NoRoomError | None = None  # under several processes, a save that found no room, until raised
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -92,6 +135,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         buffer = io.BytesIO()  # serialized first (as Lightning does), so the size is known before writing
         torch.save(checkpoint, buffer)
         data = buffer.getbuffer()
+        step = checkpoint.get("global_step")
+        if self.saved_last is not None and self.saved_last[1] == step and holds(self.saved_last[0], data):
+            if link_atomically(self.saved_last[0], path):  # the same state again: a second name for the file
+                self.saved_last = (path, step)
+                return
         try:
             write_atomically(data, path)
         except OSError as e:
@@ -113,3 +161,4 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 return
             raise error from None
         self.bytes_written += len(data)
+        self.saved_last = (path, step)

@@ -88,6 +88,25 @@ def test_the_checkpoint_is_fsynced_before_it_replaces_the_old_one(tmp_path, monk
     assert io.bytes_written == size
 
 
+def test_the_same_state_saved_twice_is_one_file_with_two_names(tmp_path):
+    io = AtomicCheckpointIO()
+    best, last = tmp_path / "best.ckpt", tmp_path / "last.ckpt"
+    state = {"global_step": 6, "w": torch.arange(100_000.0), "loops": {"epoch_progress": 2}}
+    io.save_checkpoint(state, best)
+    io.save_checkpoint(state, last)  # the same state again: a hard link, no bytes written
+    assert best.stat().st_ino == last.stat().st_ino and io.bytes_written == best.stat().st_size
+    # Another state at the same step (the evaluation's end, before the epoch's end hooks): a file of its own.
+    io.save_checkpoint({**state, "loops": {"epoch_progress": 1}}, tmp_path / "val_end.ckpt")
+    assert (tmp_path / "val_end.ckpt").stat().st_ino != last.stat().st_ino
+    # Saving one name again (a better epoch's file) or deleting it leaves the other whole.
+    better = {"global_step": 9, "w": torch.zeros(100_000)}
+    io.save_checkpoint(better, best)
+    best.unlink()
+    assert torch.load(last, weights_only=True)["w"].equal(torch.arange(100_000.0))
+    io.save_checkpoint(better, tmp_path / "again.ckpt")  # the file it would link to is gone: written anew
+    assert torch.load(tmp_path / "again.ckpt", weights_only=True)["global_step"] == 9
+
+
 def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"

@@ -121,6 +121,10 @@ def test_fit_then_test_and_predict_beside_the_run(tiny_run, capsys, monkeypatch)
     monkeypatch.chdir(tiny_run.root)
     ckpts = sorted(p.name for p in (version / "checkpoints").iterdir())
     assert ckpts == ["best-epoch01.ckpt", "last.ckpt"]
+    # The last epoch is the best: the shipped config saves its file after the epoch's end, as last.ckpt, so the
+    # two are the same state and one file on disk with two names.
+    best, last = ((version / "checkpoints" / name).stat() for name in ckpts)
+    assert (best.st_ino, best.st_dev) == (last.st_ino, last.st_dev) and last.st_nlink == 2
     state = torch.load(version / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["epoch"] == 1 and state["global_step"] == 6
     assert (version / "config.yaml").is_file()
