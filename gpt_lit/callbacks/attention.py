@@ -10,6 +10,7 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from gpt_lit.callbacks.figures import add_png
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.model import GPT, CausalSelfAttention
@@ -178,4 +179,4 @@ class AttentionMaps(ValidationProbe):
                 if i not in self.figures:
                     self.figures[i] = AttentionFigure(weights, self.labels, i)
                 pixels = self.figures[i].pixels(weights, epoch)
-                writer.add_image(f"attention/block_{i}", pixels, step, dataformats="HWC")
+                add_png(writer, f"attention/block_{i}", pixels, step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import lightning as L
@@ -11,6 +12,9 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure  # a bare Figure on the Agg canvas: no pyplot, no GUI backend, no global state
 from matplotlib.ticker import MaxNLocator
+from PIL import Image
+from tensorboard.compat.proto.summary_pb2 import Summary
+from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit.callbacks.similarity import PositionSimilarity
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
@@ -24,8 +28,7 @@ FIGSIZE, DPI = (7.0, 4.0), 100  # 700 x 400 pixels: readable at the Images tab's
 
 def loss_figure(epochs: list[dict[str, Any]], floor: float | None, residual: bool = True) -> Figure:
     """Whole-set training and validation loss after each epoch against the training step, the floor dotted."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = epochs_axes(legend=False)
     colour, name = RUN_COLOURS[residual], RUN_LABELS[residual]
     for key, style, label in (("train", "-", "train"), ("val", "--", "validation")):
         points = [(e["step"], e[key]) for e in epochs if e.get(key) is not None]
@@ -37,31 +40,29 @@ def loss_figure(epochs: list[dict[str, Any]], floor: float | None, residual: boo
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("loss (nats)")
-    ax.set_title("Loss on the whole training and validation sets, after each epoch")
+    ax.set_title("Loss on the whole training and validation sets, after each epoch", fontsize="medium")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside the axes, off the data
+    ax.legend(loc="upper right", fontsize="small")  # the losses fall from the upper left: that corner stays empty
     return fig
 
 
 def grad_norm_figure(norms: list[float], step: int) -> Figure:
     """Gradient norm of each block's measured weight against the block's depth (the chapter's table as a line)."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = epochs_axes(legend=False)
     blocks = list(range(1, len(norms) + 1))
     ax.plot(blocks, norms, "-o", color="tab:green")
     ax.set_xticks(blocks)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("block")
     ax.set_ylabel("gradient norm (L2) of ffn.fc.weight")
-    ax.set_title(f"Gradient norm of each block, training step {step}")
+    ax.set_title(f"Gradient norm of each block, training step {step}", fontsize="medium")
     ax.grid(alpha=0.3)
     return fig
 
 
 def similarity_figure(history: list[dict[str, Any]]) -> Figure:
     """Similarity between positions against the block's depth, one line per epoch so far (dark: the start)."""
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = epochs_axes()
     cmap = colormaps["viridis"]
     last = max(len(history) - 1, 1)
     for i, point in enumerate(history):
@@ -73,16 +74,16 @@ def similarity_figure(history: list[dict[str, Any]]) -> Figure:
     ax.set_ylim(top=1.02)
     ax.set_xlabel("block")
     ax.set_ylabel("mean cosine similarity between positions")
-    ax.set_title("Similarity between positions after each block (1: all positions alike)")
+    ax.set_title("Similarity between positions after each block (1: all positions alike)", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
 
 
-def epochs_axes() -> tuple[Figure, Any]:
-    """A figure for one line per epoch: one axes, and room at its right for the legend."""
+def epochs_axes(legend: bool = True) -> tuple[Figure, Any]:
+    """A figure with one axes and, with ``legend``, room at its right for the legend (one line per epoch)."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
-    fig.subplots_adjust(left=0.1, right=0.74, bottom=0.12, top=0.91)  # the legend goes right of the axes
+    fig.subplots_adjust(left=0.1, right=0.74 if legend else 0.96, bottom=0.12, top=0.91)  # legend: right of the axes
     return fig, fig.add_subplot()
 
 
@@ -100,6 +101,16 @@ def finish_epochs_axes(ax: Any, xlabel: str, ylabel: str, title: str, floor: flo
     ax.set_title(title, fontsize="medium")
     ax.grid(alpha=0.3, which=grid)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
+
+def add_png(writer: SummaryWriter, tag: str, pixels: np.ndarray, step: int) -> None:
+    """``writer.add_image(tag, pixels, step, dataformats="HWC")`` for (height, width, 3) uint8 RGB, with the PNG
+    compressed at PIL's level 3 instead of 6: a third of the time for an attention map, files ~25% larger."""
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG", compress_level=3)
+    height, width, channels = pixels.shape
+    image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png.getvalue())
+    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 def figure_pixels(fig: Figure) -> np.ndarray:
@@ -151,7 +162,7 @@ class ChapterFigures(Callback):
 
     @staticmethod
     def _add(writer, tag: str, fig: Figure, step: int) -> None:
-        writer.add_image(tag, figure_pixels(fig), step, dataformats="HWC")
+        add_png(writer, tag, figure_pixels(fig), step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs}

@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.figures import add_png, epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
@@ -81,5 +81,4 @@ class LogitLens(ValidationProbe):
         trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            writer.add_image("figures/lens_by_block", figure_pixels(lens_figure(self.history, self.floor)), step,
-                             dataformats="HWC")  # fmt: skip
+            add_png(writer, "figures/lens_by_block", figure_pixels(lens_figure(self.history, self.floor)), step)

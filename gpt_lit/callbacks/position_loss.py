@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.figures import add_png, epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 
@@ -87,7 +87,7 @@ class PositionLoss(Callback):
         writer = tensorboard_writer(trainer)
         if writer is not None:
             pixels = figure_pixels(position_figure(self.history, self.floor))
-            writer.add_image("figures/loss_by_position", pixels, step, dataformats="HWC")
+            add_png(writer, "figures/loss_by_position", pixels, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}

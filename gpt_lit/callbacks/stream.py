@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.figures import add_png, epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.model import GPT
@@ -109,4 +109,4 @@ class ResidualStream(ValidationProbe):
         if writer is not None:
             residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
             pixels = figure_pixels(stream_figure(self.history, residual))
-            writer.add_image("figures/stream_by_block", pixels, step, dataformats="HWC")
+            add_png(writer, "figures/stream_by_block", pixels, step)
