@@ -13,12 +13,12 @@ from gpt_lit.model import GPT
 
 
 class ValidationProbe(Callback):
-    """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every epoch, at the
-    step of ``loss/val``, and at the start of a fresh run when ``at_start``; on the main process, in eval mode
-    without gradients, then back in training mode. A subclass says what to ``measure`` and how to ``record`` it.
-    ``history`` (one entry per measurement, for figures that draw every epoch so far) goes into checkpoints, so
-    a resumed run's figures keep the epochs before the stop. Skipped, with one logged line, under strategies
-    that shard the parameters (the model cannot be run outside their own forward).
+    """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every epoch, at the step
+    of ``loss/val``, and at the start of a fresh run when ``at_start``; on the main process, on one thread, in
+    eval mode without gradients, then back in training mode. A subclass says what to ``measure`` and how to
+    ``record`` it. ``history`` (one entry per measurement, for figures that draw every epoch so far) goes into
+    checkpoints, so a resumed run's figures keep the epochs before the stop. Skipped, with one logged line, under
+    strategies that shard the parameters (the model cannot be run outside their own forward).
     """
 
     at_start = True  # also measure at the start of a fresh run ("epoch" 0)
@@ -47,12 +47,16 @@ class ValidationProbe(Callback):
         batch = (
             tuple(t.to(pl_module.device) for t in self.batch) if self.with_targets else self.batch.to(pl_module.device)
         )
-        was_training = pl_module.training
+        was_training, threads = pl_module.training, torch.get_num_threads()
         pl_module.eval()
+        # One thread: these passes over a few windows are small, and on a CPU with anything else running (TensorBoard,
+        # a browser) two threads waiting for each other made them 1.5x (the lens) to 6x (the stream) slower.
+        torch.set_num_threads(1)
         try:
             with torch.no_grad():
                 values = self.measure(pl_module.model, batch)
         finally:
+            torch.set_num_threads(threads)
             pl_module.train(was_training)
         self.record(trainer, pl_module, step, epoch, values)
 
