@@ -15,6 +15,15 @@ from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
 for name in ("lightning.pytorch", "lightning.fabric"):
     logging.getLogger(name).propagate = True
 
+# pytest-xdist runs the suite on two worker processes (pyproject.toml's addopts). Each worker computes on one
+# thread, and so does every process a test starts (they inherit OMP_NUM_THREADS): two workers, each with torch's
+# thread pool of one per core, would fight over the cores and spin while they wait.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 # The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
 os.environ.pop(DATA_DIR_ENV, None)
@@ -125,3 +134,26 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# The tests that share a computation made once per worker process run on the same worker, so it is made once:
+# the session's tiny run, the fault matrix's uninterrupted run, the chapter's experiments and untrained GPT-2
+# (module-level caches above), and each module's own module-scoped fixtures.
+SHARED = {"tiny_run": "tiny_run", "reference": "fault_matrix"}
+CHAPTER_MODULES = {"test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        module = item.module.__name__
+        fixtures = getattr(item, "_fixtureinfo", None)
+        defs = fixtures.name2fixturedefs if fixtures else {}
+        group = next((SHARED[name] for name in item.fixturenames if name in SHARED), None)
+        if group is None and module in CHAPTER_MODULES:
+            group = "chapter"
+        if group is None and any(d[-1].scope == "module" for d in defs.values() if d):
+            group = module
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
