@@ -136,24 +136,35 @@ def load_script(name: str):
     return module
 
 
-# The tests that share a computation made once per worker process run on the same worker, so it is made once:
-# the session's tiny run, the fault matrix's uninterrupted run, the chapter's experiments and untrained GPT-2
-# (module-level caches above), and each module's own module-scoped fixtures.
-SHARED = {"tiny_run": "tiny_run", "reference": "fault_matrix"}
-CHAPTER_MODULES = {"test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"}
+
+# pytest-xdist (pyproject.toml's addopts: two workers, --dist loadgroup) runs the tests that share a computation
+# made once per process on the same worker, so it is made once: the session's tiny run (test_answers, test_cli,
+# test_robustness), the chapter's experiments and untrained GPT-2 (the caches above), and each module's
+# module-scoped runs. Every other test is a unit of its own. The units go out heaviest first (their seconds on a
+# 2-core EPYC), so that the two workers end together.
+GROUPS = {
+    **dict.fromkeys(["test_answers", "test_cli", "test_robustness"], "tiny_run"),
+    **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
+    **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_fault_matrix", "test_inside_block",
+                               "test_packaging", "test_pretrained", "test_safe_checkpoints"]},
+}  # fmt: skip
+SECONDS = {"test_fault_matrix": 90, "tiny_run": 60, "test_ddp": 50, "test_pretrained": 50, "chapter": 35,
+           "test_packaging": 30, "test_safe_checkpoints": 30, "test_inside_block": 30}  # fmt: skip
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        module = item.module.__name__
-        fixtures = getattr(item, "_fixtureinfo", None)
-        defs = fixtures.name2fixturedefs if fixtures else {}
-        group = next((SHARED[name] for name in item.fixturenames if name in SHARED), None)
-        if group is None and module in CHAPTER_MODULES:
-            group = "chapter"
-        if group is None and any(d[-1].scope == "module" for d in defs.values() if d):
-            group = module
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRuns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            return GROUPS.get(module, nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            heaviest = max(self.workqueue, key=lambda scope: SECONDS.get(scope, 0))  # the first of equals
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
+    return SharedRuns(config, log)
