@@ -139,17 +139,19 @@ def load_script(name: str):
 # pytest-xdist (pyproject.toml's addopts: two workers, --dist loadgroup) runs the tests that share a computation
 # made once per process on the same worker, so it is made once: the session's tiny run (test_answers, test_cli,
 # test_robustness), the chapter's experiments and untrained GPT-2 (the caches above), and each module's
-# module-scoped runs. Every other test is a unit of its own: the fault matrix's cases too (25 of them in CI),
-# whose uninterrupted run is made once on each worker. The units go out heaviest first (their seconds on a 2-core
-# EPYC), so that the two workers end together.
+# module-scoped runs, and the fault matrix's 5 cases (with GPT_LIT_FAULT_MATRIX=full, as CI runs it, its 25 cases
+# go out one by one, and its uninterrupted run is made once on each worker). Every other test is a unit of its
+# own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together.
 GROUPS = {
     **dict.fromkeys(["test_answers", "test_cli", "test_robustness"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
                                "test_pretrained", "test_safe_checkpoints"]},
 }  # fmt: skip
+if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
+    GROUPS["test_fault_matrix"] = "test_fault_matrix"
 # Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded).
-SECONDS = {"tiny_run": 42, "test_pretrained": 33, "test_ddp": 27, "test_packaging": 15,
+SECONDS = {"test_fault_matrix": 55, "tiny_run": 42, "test_pretrained": 33, "test_ddp": 40, "test_packaging": 15,
            "test_safe_checkpoints": 14, "chapter": 14, "test_inside_block": 8,
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30}  # fmt: skip
