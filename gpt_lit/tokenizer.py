@@ -38,9 +38,13 @@ def _bpe_files() -> tuple[Path, Path]:
     return vocab, encoder
 
 
-@lru_cache(maxsize=1)
 def get_tokenizer(name: str = "gpt2") -> tiktoken.Encoding:
     """The GPT-2 encoding, identical to ``tiktoken.get_encoding("gpt2")``, built offline."""
+    return _encoding(name)  # one cache key for get_tokenizer() and get_tokenizer("gpt2"): built once a process
+
+
+@lru_cache(maxsize=1)
+def _encoding(name: str) -> tiktoken.Encoding:
     if name != "gpt2":
         raise ValueError(f"unknown tokenizer {name!r}: only 'gpt2' (GPT-2's BPE) ships with gpt_lit")
     vocab, encoder = _bpe_files()

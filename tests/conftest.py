@@ -15,6 +15,15 @@ from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
 for name in ("lightning.pytorch", "lightning.fabric"):
     logging.getLogger(name).propagate = True
 
+# pytest-xdist runs the suite on two worker processes (pyproject.toml's addopts). Each worker computes on one
+# thread, and so does every process a test starts (they inherit OMP_NUM_THREADS): two workers, each with torch's
+# thread pool of one per core, would fight over the cores and spin while they wait.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 # The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
 os.environ.pop(DATA_DIR_ENV, None)
@@ -125,3 +134,50 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# pytest-xdist (pyproject.toml's addopts: two workers, --dist loadgroup) runs the tests that share a computation
+# made once per process on the same worker, so it is made once: the session's tiny run (test_answers, test_cli,
+# test_robustness), the chapter's experiments and untrained GPT-2 (the caches above), and each module's
+# module-scoped runs, and the fault matrix's 5 cases (with GPT_LIT_FAULT_MATRIX=full, as CI runs it, its 25 cases
+# go out one by one, and its uninterrupted run is made once on each worker). Every other test is a unit of its
+# own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together.
+GROUPS = {
+    **dict.fromkeys(["test_answers", "test_cli", "test_robustness"], "tiny_run"),
+    **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
+    **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
+                               "test_pretrained", "test_safe_checkpoints"]},
+}  # fmt: skip
+if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
+    GROUPS["test_fault_matrix"] = "test_fault_matrix"
+# Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded).
+SECONDS = {"test_fault_matrix": 55, "tiny_run": 42, "test_pretrained": 33, "test_ddp": 40, "test_packaging": 15,
+           "test_safe_checkpoints": 14, "chapter": 14, "test_inside_block": 8,
+           # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
+           "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30}  # fmt: skip
+SECONDS_EACH = {"test_fault_matrix": 11, "test_mac": 10, "test_checkpointing": 5, "test_resume": 9, "test_bench": 4}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def seconds(scope: str) -> float:
+    return SECONDS.get(scope, SECONDS_EACH.get(module_of(scope), 0))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRuns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUPS.get(module_of(nodeid), nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            heaviest = max(self.workqueue, key=seconds)  # the first of equals
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
+    return SharedRuns(config, log)
