@@ -110,10 +110,9 @@ STEPS = [
 class TwoProcesses:
     cwd: Path  # where the steps ran: lightning_logs/ is here
 
-    def step(self, name: str) -> tuple[list[int | None], str, str]:
-        """A step's exit status on each process (None: the process ended inside it), and their stdout and stderr
-        (process 0's, then process 1's)."""
-        codes = [json.loads((self.cwd / f"codes.{rank}.json").read_text()).get(name) for rank in (0, 1)]
+    def step(self, name: str) -> tuple[list[int], str, str]:
+        """A step's exit status on each process, and their stdout and stderr (process 0's, then process 1's)."""
+        codes = [json.loads((self.cwd / f"codes.{rank}.json").read_text())[name] for rank in (0, 1)]
         out, err = (
             "".join((self.cwd / f"{name}.{rank}.{kind}").read_text() for rank in (0, 1)) for kind in ("out", "err")
         )

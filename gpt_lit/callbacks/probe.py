@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -10,6 +12,19 @@ from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters
 from gpt_lit.model import GPT
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside, its thread count as it was after. The diagnostics' passes are small (a few
+    windows, or one token at a time): on a CPU with anything else running (TensorBoard, a browser) two threads
+    waiting for each other made them 1.5x (the lens) to 6x (the stream) slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class ValidationProbe(Callback):
@@ -47,16 +62,12 @@ class ValidationProbe(Callback):
         batch = (
             tuple(t.to(pl_module.device) for t in self.batch) if self.with_targets else self.batch.to(pl_module.device)
         )
-        was_training, threads = pl_module.training, torch.get_num_threads()
+        was_training = pl_module.training
         pl_module.eval()
-        # One thread: these passes over a few windows are small, and on a CPU with anything else running (TensorBoard,
-        # a browser) two threads waiting for each other made them 1.5x (the lens) to 6x (the stream) slower.
-        torch.set_num_threads(1)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), one_thread():
                 values = self.measure(pl_module.model, batch)
         finally:
-            torch.set_num_threads(threads)
             pl_module.train(was_training)
         self.record(trainer, pl_module, step, epoch, values)
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.callbacks.probe import one_thread
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, generate
@@ -63,18 +64,17 @@ class Samples(Callback):
     def continuations(self, pl_module: L.LightningModule) -> list[str]:
         """Each prompt with its greedy continuation, decoded; the model's training mode is left as it was."""
         enc, model = get_tokenizer(), pl_module.model
-        was_training, threads = model.training, torch.get_num_threads()
-        torch.set_num_threads(1)  # 60 tiny sequential forward passes: one thread; a busy CPU made two ~3x slower
+        was_training = model.training
         try:
             texts = []
-            for prompt in self.prompts:
-                idx = torch.tensor([enc.encode(prompt, allowed_special="all")], device=pl_module.device)
-                out = generate(LastPositionLogits(model), idx, self.max_new_tokens)  # the chapter's greedy loop
-                texts.append(enc.decode(out[0].tolist()))
+            with one_thread():  # 60 tiny sequential forward passes; a busy CPU made two threads ~3x slower
+                for prompt in self.prompts:
+                    idx = torch.tensor([enc.encode(prompt, allowed_special="all")], device=pl_module.device)
+                    out = generate(LastPositionLogits(model), idx, self.max_new_tokens)  # the chapter's greedy loop
+                    texts.append(enc.decode(out[0].tolist()))
             return texts
         finally:
             model.train(was_training)  # generate() switches the model to eval mode and leaves it there
-            torch.set_num_threads(threads)
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         writer = tensorboard_writer(trainer)
