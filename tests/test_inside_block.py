@@ -11,6 +11,7 @@ import math
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
 
 from gpt_lit.callbacks import LogitLens, attention_weights, block_attentions, lens_losses, row_entropy, stream_sizes
+from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.cli import main
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
@@ -97,6 +99,36 @@ def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw():
         assert figure.pixels(weights, epoch).tolist() == full.tolist(), epoch
 
 
+def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure():
+    from gpt_lit.callbacks.figures import (
+        ReusedFigure,
+        figure_pixels,
+        grad_norm_figure,
+        loss_figure,
+        similarity_figure,
+    )  # fmt: skip
+    from gpt_lit.callbacks.logit_lens import lens_figure
+    from gpt_lit.callbacks.position_loss import position_figure
+    from gpt_lit.callbacks.stream import stream_figure
+
+    epochs = [{"epoch": e, "step": 5 * e, "blocks": [9 - e, 8 - 2 * e, 7.5 - e], "losses": [9 - e / (p + 1) for p in
+               range(16)], "embeddings": 0.7, "rms": [1 + e, 2 + e, 3 * e + 1], "train": 9 - e, "val": 9.5 - e}
+              for e in range(1, 4)]  # fmt: skip
+    figures = {
+        "losses": lambda n, into: loss_figure(epochs[:n], 6.3, True, into),
+        "grad_norm": lambda n, into: grad_norm_figure([3.0 / n, 2.0 / n, 1.0], 5 * n, into),  # shrinking: new limits
+        "similarity": lambda n, into: similarity_figure([{**e, "blocks": [0.2, 0.5, 0.9]} for e in epochs[:n]], into),
+        "lens": lambda n, into: lens_figure(epochs[:n], 6.3, into),
+        "position": lambda n, into: position_figure(epochs[:n], 6.3, into),
+        "stream": lambda n, into: stream_figure(epochs[:n], n % 2 == 1, into),  # the title changes too
+    }
+    for name, draw in figures.items():
+        reused = ReusedFigure()
+        for n in range(1, 4):
+            again = figure_pixels(draw(n, reused))
+            assert np.array_equal(again, figure_pixels(draw(n, None))), (name, n)
+
+
 def test_a_figure_reaches_tensorboard_pixel_for_pixel(tmp_path):
     """Figures go to TensorBoard as PNGs encoded by gpt_lit (a faster level than add_image's): the Images tab must
     decode exactly the pixels that were drawn, with their size."""
@@ -125,6 +157,31 @@ def test_row_entropy_in_nats():
     model = tiny_model(True)
     w = attention_weights(model.blocks[0].attn, torch.zeros(1, 4, 16))  # equal keys: even rows, log(t + 1)
     assert torch.allclose(row_entropy(w)[0, 0], torch.log(torch.arange(1.0, 5.0)), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("cores", "threads", "load", "inside"),
+    [
+        (2, 2, 2.2, 2),  # a 2-core machine, the run's two threads alone: both
+        (2, 2, 3.1, 1),  # another program busy on a core: one
+        (8, 4, 7.5, 4),  # 8 cores, 4 threads: 3.5 more busy threads still leave the run's cores free
+        (8, 4, 9.0, 1),  # 5 more: they do not
+        (2, 1, 5.0, 1),  # already one thread: left alone
+    ],
+)
+def test_diagnostics_drop_to_one_thread_only_while_other_programs_share_the_cpu(
+    monkeypatch, cores, threads, load, inside
+):
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with diagnostic_threads():
+            assert torch.get_num_threads() == inside
+        assert torch.get_num_threads() == threads  # training's number again
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("residual", [True, False])

@@ -8,7 +8,14 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import add_png, epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.figures import (
+    ReusedFigure,
+    add_png,
+    epoch_colour,
+    epochs_axes,
+    figure_pixels,
+    finish_epochs_axes,
+)
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
@@ -32,9 +39,9 @@ def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     ]
 
 
-def lens_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
+def lens_figure(history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None) -> Figure:
     """Lens loss against depth, one line per epoch so far (dark: the first), the unigram floor dotted."""
-    fig, ax = epochs_axes()
+    fig, ax = epochs_axes(into=into)
     for i, point in enumerate(history):
         blocks, label = range(1, len(point["blocks"]) + 1), f"epoch {point['epoch'] - 1}"
         ax.plot(blocks, point["blocks"], "-o", markersize=4, color=epoch_colour(i, len(history)), label=label)
@@ -66,6 +73,7 @@ class LogitLens(ValidationProbe):
         """
         super().__init__(num_sequences)
         self.floor: float | None = None
+        self.reused = ReusedFigure()  # the figure, drawn again each epoch
 
     def prepare(self, trainer: L.Trainer) -> None:
         ids = getattr(trainer.datamodule, "book_ids", None)
@@ -81,4 +89,5 @@ class LogitLens(ValidationProbe):
         trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            add_png(writer, "figures/lens_by_block", figure_pixels(lens_figure(self.history, self.floor)), step)
+            pixels = figure_pixels(lens_figure(self.history, self.floor, self.reused))
+            add_png(writer, "figures/lens_by_block", pixels, step)

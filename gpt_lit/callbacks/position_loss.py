@@ -9,7 +9,14 @@ from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from gpt_lit.callbacks.figures import add_png, epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.figures import (
+    ReusedFigure,
+    add_png,
+    epoch_colour,
+    epochs_axes,
+    figure_pixels,
+    finish_epochs_axes,
+)
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 
@@ -31,10 +38,10 @@ def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
     return centres, means
 
 
-def position_figure(history: list[dict[str, Any]], floor: float | None) -> Figure:
+def position_figure(history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None) -> Figure:
     """Validation loss against position (log scale), per epoch (dark: the first): each position faint, each
     octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
-    fig, ax = epochs_axes()
+    fig, ax = epochs_axes(into=into)
     for i, point in enumerate(history):
         losses, colour = point["losses"], epoch_colour(i, len(history))
         ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
@@ -69,6 +76,7 @@ class PositionLoss(Callback):
         """
         self.positions = list(positions)
         self.floor: float | None = None
+        self.reused = ReusedFigure()  # the figure, drawn again each epoch
         self.history: list[dict[str, Any]] = []  # {"step", "epoch", "losses"}; in checkpoints
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -86,7 +94,7 @@ class PositionLoss(Callback):
         trainer.logger.log_metrics(metrics, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            pixels = figure_pixels(position_figure(self.history, self.floor))
+            pixels = figure_pixels(position_figure(self.history, self.floor, self.reused))
             add_png(writer, "figures/loss_by_position", pixels, step)
 
     def state_dict(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,23 +15,41 @@ from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, sh
 from gpt_lit.model import GPT
 
 
+def cpu_is_shared(threads: int) -> bool:
+    """Whether other programs keep more of the CPU busy than torch's ``threads`` leave free: the one-minute load
+    average (runnable threads, this run's own included) beyond ``threads`` exceeds the idle cores, plus a half.
+    False where the load average is not known (Windows)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    cores = os.cpu_count() or 1
+    return max(load - threads, 0.0) > max(cores - threads, 0) + 0.5
+
+
 @contextmanager
-def one_thread() -> Iterator[None]:
-    """torch on one thread inside, its thread count as it was after. The diagnostics' passes are small (a few
-    windows, or one token at a time): on a CPU with anything else running (TensorBoard, a browser) two threads
-    waiting for each other made them 1.5x (the lens) to 6x (the stream) slower."""
+def diagnostic_threads() -> Iterator[None]:
+    """torch's threads for the diagnostics' passes: training's own number, or one while other programs share the CPU,
+    and training's number again after.
+
+    The passes are small (a few windows, or one token at a time). With the CPU to itself, a run's two threads
+    made them 1.5-1.7x faster than one (2-core VM); with another program busy on a core, the same two threads
+    waited for each other and made them 1.3-2.5x slower than one. The load average tells the two apart."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    shared = threads > 1 and cpu_is_shared(threads)
+    if shared:
+        torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        if shared:
+            torch.set_num_threads(threads)
 
 
 class ValidationProbe(Callback):
     """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every epoch, at the step
-    of ``loss/val``, and at the start of a fresh run when ``at_start``; on the main process, on one thread, in
-    eval mode without gradients, then back in training mode. A subclass says what to ``measure`` and how to
+    of ``loss/val``, and at the start of a fresh run when ``at_start``; on the main process, on ``diagnostic_threads``,
+    in eval mode without gradients, then back in training mode. A subclass says what to ``measure`` and how to
     ``record`` it. ``history`` (one entry per measurement, for figures that draw every epoch so far) goes into
     checkpoints, so a resumed run's figures keep the epochs before the stop. Skipped, with one logged line, under
     strategies that shard the parameters (the model cannot be run outside their own forward).
@@ -65,7 +84,7 @@ class ValidationProbe(Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            with torch.no_grad(), one_thread():
+            with torch.no_grad(), diagnostic_threads():
                 values = self.measure(pl_module.model, batch)
         finally:
             pl_module.train(was_training)

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.callbacks.probe import one_thread
+from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, generate
@@ -67,7 +67,7 @@ class Samples(Callback):
         was_training = model.training
         try:
             texts = []
-            with one_thread():  # 60 tiny sequential forward passes; a busy CPU made two threads ~3x slower
+            with diagnostic_threads():  # 60 small sequential forward passes: one thread if the CPU is shared
                 for prompt in self.prompts:
                     idx = torch.tensor([enc.encode(prompt, allowed_special="all")], device=pl_module.device)
                     out = generate(LastPositionLogits(model), idx, self.max_new_tokens)  # the chapter's greedy loop

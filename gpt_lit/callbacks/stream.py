@@ -8,7 +8,14 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import add_png, epoch_colour, epochs_axes, figure_pixels, finish_epochs_axes
+from gpt_lit.callbacks.figures import (
+    ReusedFigure,
+    add_png,
+    epoch_colour,
+    epochs_axes,
+    figure_pixels,
+    finish_epochs_axes,
+)
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.model import GPT
@@ -58,9 +65,9 @@ def stream_sizes(model: GPT, idx: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def stream_figure(history: list[dict[str, Any]], residual: bool) -> Figure:
+def stream_figure(history: list[dict[str, Any]], residual: bool, into: ReusedFigure | None = None) -> Figure:
     """The stream's RMS against depth (0: the embeddings), one line per epoch so far (dark: the start)."""
-    fig, ax = epochs_axes()
+    fig, ax = epochs_axes(into=into)
     for i, point in enumerate(history):
         sizes = [point["embeddings"], *point["rms"]]
         label = "start" if point["epoch"] == 0 else f"epoch {point['epoch'] - 1}"  # counted from 0, as the progress bar
@@ -93,6 +100,7 @@ class ResidualStream(ValidationProbe):
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
         super().__init__(num_sequences)
+        self.reused = ReusedFigure()  # the figure, drawn again each epoch
 
     def measure(self, model: GPT, batch: torch.Tensor) -> dict[str, Any]:
         return stream_sizes(model, batch)
@@ -108,5 +116,5 @@ class ResidualStream(ValidationProbe):
         writer = tensorboard_writer(trainer)
         if writer is not None:
             residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
-            pixels = figure_pixels(stream_figure(self.history, residual))
+            pixels = figure_pixels(stream_figure(self.history, residual, self.reused))
             add_png(writer, "figures/stream_by_block", pixels, step)
