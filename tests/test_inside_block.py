@@ -20,7 +20,15 @@ import torch.nn.functional as F
 from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
 
-from gpt_lit.callbacks import LogitLens, attention_weights, block_attentions, lens_losses, row_entropy, stream_sizes
+from gpt_lit.callbacks import (
+    LogitLens,
+    attention_weights,
+    block_attentions,
+    lens_losses,
+    probe,
+    row_entropy,
+    stream_sizes,
+)
 from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.cli import main
 from gpt_lit.model import GPT, GPTConfig
@@ -159,27 +167,31 @@ def test_row_entropy_in_nats():
     assert torch.allclose(row_entropy(w)[0, 0], torch.log(torch.arange(1.0, 5.0)), atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("cores", "threads", "load", "inside"),
-    [
-        (2, 2, 2.2, 2),  # a 2-core machine, the run's two threads alone: both
-        (2, 2, 3.1, 1),  # another program busy on a core: one
-        (8, 4, 7.5, 4),  # 8 cores, 4 threads: 3.5 more busy threads still leave the run's cores free
-        (8, 4, 9.0, 1),  # 5 more: they do not
-        (2, 1, 5.0, 1),  # already one thread: left alone
-    ],
-)
-def test_diagnostics_drop_to_one_thread_only_while_other_programs_share_the_cpu(
-    monkeypatch, cores, threads, load, inside
-):
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+def test_diagnostics_use_trainings_threads_only_when_training_had_its_cores(monkeypatch):
+    clocks = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clocks["wall"])
+    monkeypatch.setattr(probe.time, "process_time", lambda: clocks["cpu"])
+    choice = probe.ThreadChoice(interval=5.0, share=0.8)
+
+    def after(seconds: float, cpu_seconds: float) -> int:
+        clocks["wall"] += seconds
+        clocks["cpu"] += cpu_seconds
+        return choice(2)
+
+    assert after(0, 0) == 1  # nothing measured yet: one thread
+    assert after(60, 115) == 2  # an epoch on two threads that had both cores (1.92 CPU-seconds a second)
+    assert after(1, 0.5) == 2  # the same epoch's end: the same choice
+    assert after(60, 70) == 1  # another program took a core (1.17 a second)
+    assert after(60, 118) == 2  # free again
+    assert choice(1) == 1  # never more than training's own
+
+    monkeypatch.setattr(probe, "_THREAD_CHOICE", lambda threads: 1)
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(2)
     try:
         with diagnostic_threads():
-            assert torch.get_num_threads() == inside
-        assert torch.get_num_threads() == threads  # training's number again
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2  # training's number again
     finally:
         torch.set_num_threads(before)
 

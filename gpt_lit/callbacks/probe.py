@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,34 +15,48 @@ from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, sh
 from gpt_lit.model import GPT
 
 
-def cpu_is_shared(threads: int) -> bool:
-    """Whether other programs keep more of the CPU busy than torch's ``threads`` leave free: the one-minute load
-    average (runnable threads, this run's own included) beyond ``threads`` exceeds the idle cores, plus a half.
-    False where the load average is not known (Windows)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return False
-    cores = os.cpu_count() or 1
-    return max(load - threads, 0.0) > max(cores - threads, 0) + 0.5
+class ThreadChoice:
+    """How many of torch's threads the diagnostics' passes use: all of training's, if training's own threads had
+    their cores, else one.
+
+    The passes are small (a few windows, or one token at a time). With the CPU to itself, a run's two threads
+    made them 1.5-1.7x faster than one (2-core VM); with another program busy on a core, the same two threads
+    waited for each other and made them 1.3-2.5x slower than one. Whether the cores were free shows in the run
+    itself: the CPU time this process got per second of wall time since the last choice (the epoch's training
+    and evaluation), against its ``threads``. The first choice, with nothing measured yet, is one thread; a choice
+    holds for ``interval`` seconds, so the diagnostics of one epoch's end share it.
+    """
+
+    def __init__(self, interval: float = 5.0, share: float = 0.75):
+        self.interval = interval  # seconds of wall time a choice holds, and the least a measurement spans
+        self.share = share  # the part of ``threads`` CPU-seconds per second that counts as the cores being free
+        self.since: tuple[float, float] | None = None  # (wall, CPU) clocks when the last choice was made
+        self.chosen = 1
+
+    def __call__(self, threads: int) -> int:
+        wall, cpu = time.perf_counter(), time.process_time()
+        if self.since is None or wall - self.since[0] >= self.interval:
+            if self.since is not None:
+                got = (cpu - self.since[1]) / (wall - self.since[0])  # CPU-seconds per second: ~threads when free
+                self.chosen = threads if got > self.share * threads else 1
+            self.since = (wall, cpu)
+        return min(self.chosen, threads)
+
+
+_THREAD_CHOICE = ThreadChoice()  # one per process: every diagnostic of a run reads the same clocks
 
 
 @contextmanager
 def diagnostic_threads() -> Iterator[None]:
-    """torch's threads for the diagnostics' passes: training's own number, or one while other programs share the CPU,
-    and training's number again after.
-
-    The passes are small (a few windows, or one token at a time). With the CPU to itself, a run's two threads
-    made them 1.5-1.7x faster than one (2-core VM); with another program busy on a core, the same two threads
-    waited for each other and made them 1.3-2.5x slower than one. The load average tells the two apart."""
+    """torch's threads for the diagnostics' passes as ``ThreadChoice`` says, training's number again after."""
     threads = torch.get_num_threads()
-    shared = threads > 1 and cpu_is_shared(threads)
-    if shared:
-        torch.set_num_threads(1)
+    inside = _THREAD_CHOICE(threads) if threads > 1 else threads
+    if inside != threads:
+        torch.set_num_threads(inside)
     try:
         yield
     finally:
-        if shared:
+        if inside != threads:
             torch.set_num_threads(threads)
 
 
