@@ -95,16 +95,19 @@ def test_attention_weights_are_the_written_out_softmax_of_each_head(residual):
 
 
 def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw():
-    """Later epochs redraw only the weights and the title over the saved rest: the pixels must be a full draw's."""
+    """Every block's image after the first, and later epochs, redraw only the weights and the title over the saved
+    rest: the pixels must be a full draw's."""
     from gpt_lit.callbacks.attention import AttentionFigure, attention_figure
     from gpt_lit.callbacks.figures import figure_pixels
 
     labels = [f"t{i}" for i in range(6)]
-    figure = AttentionFigure(torch.full((2, 6, 6), 1 / 6), labels, block=2)
+    figure = AttentionFigure(torch.full((2, 6, 6), 1 / 6), labels)
     for epoch, scale in ((0, 0.0), (1, 3.0), (7, 9.0)):  # uniform rows, then sharper and sharper ones
-        weights = torch.softmax(torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(epoch)) * scale, -1)
-        full = figure_pixels(attention_figure(weights, labels, block=2, epoch=epoch))
-        assert figure.pixels(weights, epoch).tolist() == full.tolist(), epoch
+        for block in (1, 2):
+            seed = torch.Generator().manual_seed(10 * epoch + block)
+            weights = torch.softmax(torch.randn(2, 6, 6, generator=seed) * scale, -1)
+            full = figure_pixels(attention_figure(weights, labels, block=block, epoch=epoch))
+            assert figure.pixels(weights, block, epoch).tolist() == full.tolist(), (block, epoch)
 
 
 def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure():

@@ -84,7 +84,7 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
 
     One image of all heads (white: the masked future) and plain text labels, no tick objects or constrained
     layout: a hundred tick labels would cost ~1 s of CPU a figure, this ~0.3 s (``AttentionFigure`` redraws it
-    each epoch for ~0.03 s).
+    for each block and epoch for ~0.05 s).
     """
     n_heads, T = weights.shape[0], weights.shape[-1]
     gap = 2  # blank columns between heads
@@ -110,13 +110,13 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
 
 
 class AttentionFigure:
-    """``attention_figure`` for one block, drawn in full once; each later epoch redraws only the weights and the
-    title over the saved rest (matplotlib's blitting: ``copy_from_bbox``, ``restore_region``, ``draw_artist``),
-    as the labels, the layout and the colour bar stay the same. The pixels equal a full draw's."""
+    """``attention_figure`` drawn in full once; each later image, of any block and epoch, redraws only the weights and
+    the title over the saved rest (matplotlib's blitting: ``copy_from_bbox``, ``restore_region``, ``draw_artist``),
+    as the labels, the layout and the colour bar are the same for every block and epoch. The pixels equal a full
+    draw's."""
 
-    def __init__(self, weights: torch.Tensor, labels: list[str], block: int):
-        self.block = block
-        self.fig = attention_figure(weights, labels, block, epoch=0)
+    def __init__(self, weights: torch.Tensor, labels: list[str]):
+        self.fig = attention_figure(weights, labels, block=1, epoch=0)
         self.canvas = FigureCanvasAgg(self.fig)
         self.image = self.fig.axes[0].images[0]
         (self.title,) = self.fig.texts  # the title, the figure's one text of its own
@@ -127,10 +127,11 @@ class AttentionFigure:
         self.image.set_visible(True)
         self.title.set_visible(True)
 
-    def pixels(self, weights: torch.Tensor, epoch: int) -> np.ndarray:
-        """The figure for ``weights`` (n_heads, T, T) after ``epoch`` (0: the start), (height, width, 3) uint8 RGB."""
+    def pixels(self, weights: torch.Tensor, block: int, epoch: int) -> np.ndarray:
+        """The figure for ``block``'s ``weights`` (n_heads, T, T) after ``epoch`` (0: the start), (height, width, 3)
+        uint8 RGB."""
         self.image.set_data(heads_image(weights))
-        self.title.set_text(attention_title(self.block, epoch))
+        self.title.set_text(attention_title(block, epoch))
         self.canvas.restore_region(self.background)
         self.fig.draw_artist(self.image)
         self.fig.draw_artist(self.title)
@@ -158,11 +159,11 @@ class AttentionMaps(ValidationProbe):
         super().__init__(num_sequences)
         self.num_tokens = num_tokens
         self.labels: list[str] = []
-        self.figures: dict[int, AttentionFigure] = {}  # block -> its figure, drawn in full once
+        self.figure: AttentionFigure | None = None  # every block's images, drawn in full once
 
     def prepare(self, trainer: L.Trainer) -> None:
         self.labels = token_labels(self.batch[0, : self.num_tokens].tolist())
-        self.figures = {}  # drawn again for this fit's sentence
+        self.figure = None  # drawn again for this fit's sentence
 
     def measure(self, model: GPT, batch: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
         """Per block: the sentence's weights (n_heads, num_tokens, num_tokens) and the fixed batch's mean entropy."""
@@ -175,8 +176,7 @@ class AttentionMaps(ValidationProbe):
         trainer.logger.log_metrics({f"attention/entropy/block_{i}": v for i, v in enumerate(entropies, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
+            if self.figure is None:
+                self.figure = AttentionFigure(sentence[0], self.labels)
             for i, weights in enumerate(sentence, 1):
-                if i not in self.figures:
-                    self.figures[i] = AttentionFigure(weights, self.labels, i)
-                pixels = self.figures[i].pixels(weights, epoch)
-                add_png(writer, f"attention/block_{i}", pixels, step)
+                add_png(writer, f"attention/block_{i}", self.figure.pixels(weights, i, epoch), step)
