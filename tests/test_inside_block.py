@@ -94,6 +94,19 @@ def test_attention_weights_are_the_written_out_softmax_of_each_head(residual):
         x = block_by_hand(blk, x, residual)["out"]
 
 
+@pytest.mark.parametrize("residual", [True, False])
+def test_the_sentences_weights_are_those_of_the_sentence_alone(residual):
+    """AttentionMaps reads the sentence's image off the batch's pass: causal rows see nothing after the sentence."""
+    from gpt_lit.callbacks import AttentionMaps
+
+    model, x = tiny_model(residual), tokens()
+    sentence, entropies = AttentionMaps(num_tokens=5).measure(model, x)
+    alone = block_attentions(model, x[:1, :5])
+    for got, want in zip(sentence, alone, strict=True):
+        assert got.shape == (2, 5, 5) and torch.allclose(got, want[0], atol=1e-6)
+    assert entropies == pytest.approx([row_entropy(w).mean().item() for w in block_attentions(model, x)])
+
+
 def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw():
     """Every block's image after the first, and later epochs, redraw only the weights and the title over the saved
     rest: the pixels must be a full draw's."""

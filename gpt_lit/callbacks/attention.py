@@ -166,10 +166,13 @@ class AttentionMaps(ValidationProbe):
         self.figure = None  # drawn again for this fit's sentence
 
     def measure(self, model: GPT, batch: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
-        """Per block: the sentence's weights (n_heads, num_tokens, num_tokens) and the fixed batch's mean entropy."""
-        sentence = [w[0].cpu() for w in block_attentions(model, batch[:1, : self.num_tokens])]
-        entropies = [row_entropy(w).mean().item() for w in block_attentions(model, batch)]
-        return sentence, entropies
+        """Per block: the sentence's weights (n_heads, num_tokens, num_tokens) and the fixed batch's mean entropy.
+
+        One pass: the sentence opens the batch's first window, and the mask keeps its first tokens' rows from
+        looking past them, so its weights are that window's top-left corner."""
+        weights = block_attentions(model, batch)
+        n = self.num_tokens
+        return [w[0, :, :n, :n].cpu() for w in weights], [row_entropy(w).mean().item() for w in weights]
 
     def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, values: tuple) -> None:
         sentence, entropies = values
