@@ -44,6 +44,7 @@ from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_sum
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.module import GPTLightning
+from gpt_lit.pretrained import fetch
 from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, latest_checkpoint, log_beside_run, runs_folder
 from gpt_lit.tokenizer import vocab_size
 
@@ -140,6 +141,12 @@ class GPTLitCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand in ("test", "predict"):
             log_beside_run(self.config[self.subcommand], self.subcommand)
+        # model.init_from is fetched (a hub name downloaded, or its one error line) before the model is built: the
+        # random initialisation of GPT-2 124M alone takes seconds, wasted when the download fails. Process 0 only,
+        # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
+        config = self.config[self.subcommand] if self.subcommand else None
+        if config and config.get("model.init_from") and not config.get("ckpt_path") and rank_zero_only.rank == 0:
+            fetch(config.get("model.init_from"))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config = self._get(self.config_init, "trainer", default={})

@@ -6,19 +6,20 @@ validation, in the end-of-epoch hooks, during the sanity check, after the last e
 (with save_last), AsyncCheckpointIO}. Every pair of values is in at least one case (a Latin square: 25 cases;
 ``GPT_LIT_FAULT_MATRIX=full``, else 5 of them, below).
 Each case runs the tiny model (3 epochs of 2 steps, 3 validation batches, 1 sanity batch) in this process
-(kill -9 in a subprocess), stops it, resumes it from ``last.ckpt`` as the stop's message says, and compares
+(kill -9 in a forked child process), stops it, resumes it from ``last.ckpt`` as the stop's message says, and compares
 every TensorBoard tag (scalars, images, text) and the final weights with ONE uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import shlex
 import signal
-import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -160,11 +161,24 @@ def assert_same_run(run: Path, reference: Path) -> None:
         torch.testing.assert_close(final[name], tensor, atol=1e-5, rtol=0, msg=name)
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one thread, as on pytest-xdist's workers (tests/conftest.py) whatever the run: a kill -9 case forks,
+    and a forked child computes on one thread only; its losses and figures must be the reference's to the bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory) -> Path:
     """One uninterrupted run of the shipped config, for every case."""
     folder = tmp_path_factory.mktemp("reference")
-    main(["fit", *config_args("shipped", folder)])
+    with one_thread():
+        main(["fit", *config_args("shipped", folder)])
     run = folder / "logs" / "residual" / "version_0"
     assert [s for s, _ in logged(run)["scalars", "loss/train_step"]] == [0, 1, 2, 3, 4, 5]
     return run
@@ -180,15 +194,29 @@ def stop_module(tmp_path, monkeypatch) -> Path:
 
 def run_stopped(stop: str, moment: str, args: list[str], folder: Path, capsys) -> tuple[int, str]:
     """Run ``fit`` with the stop; its exit status and its last line on stderr."""
-    if stop == "kill9":  # the process dies: a subprocess
-        code = (
-            "import sys; from fault_stop import Stop; from gpt_lit.cli import main; "
-            f"main(sys.argv[1:], extra_callbacks=[Stop({stop!r}, {moment!r})])"
-        )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(REPO)])}
-        done = subprocess.run([sys.executable, "-c", code, "fit", *args], env=env, capture_output=True, text=True)
-        return done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
     from fault_stop import Stop
+
+    if stop == "kill9":  # the process dies: a child of this one, forked (a new Python would import torch anew)
+        err = folder / "kill9.err"
+        pid = os.fork()
+        if pid == 0:  # the child: `fit`, its output into kill9.err; it never returns into pytest
+            code = 1
+            try:  # on one thread (one_thread()): the parent's OpenMP threads are not here, and with more ops hang
+                fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                sys.stdout = sys.stderr = open(fd, "w", buffering=1)  # not pytest's capture of the parent's output
+                main(["fit", *args], extra_callbacks=[Stop(stop, moment)])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status), (err.read_text().strip().splitlines() or [""])[-1]
 
     previous_xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, as on a full disk
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -202,6 +230,12 @@ def run_stopped(stop: str, moment: str, args: list[str], folder: Path, capsys) -
         signal.signal(signal.SIGXFSZ, previous_xfsz)
     err = capsys.readouterr().err.strip().splitlines()
     return code, (err or [""])[-1]
+
+
+@pytest.fixture(autouse=True)
+def on_one_thread():
+    with one_thread():
+        yield
 
 
 @pytest.mark.parametrize(("stop", "moment", "config"), CASES, ids=["-".join(case) for case in CASES])

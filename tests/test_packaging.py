@@ -59,7 +59,9 @@ def test_first_run_from_the_installed_wheel_in_an_empty_folder_offline(wheel, tm
     env.update(PYTHONPATH=str(site), http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead, HTTPS_PROXY=dead)
     env.update(no_proxy="", NO_PROXY="", HF_HUB_OFFLINE="1")
 
-    where = run(sys.executable, "-c", "import gpt_lit; print(gpt_lit.__file__)", cwd=folder, env=env)
+    # Where `import gpt_lit` finds it, without running it (which would import torch: seconds of a second process)
+    find = "import importlib.util; print(importlib.util.find_spec('gpt_lit').origin)"
+    where = run(sys.executable, "-c", find, cwd=folder, env=env)
     assert Path(where.stdout.strip()).is_relative_to(site)  # this wheel, not a checkout or another install
 
     args = ["fit", "--config", "residual.yaml", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gpt_lit import module
 from gpt_lit.cli import GPTLitCLI, main
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.pretrained import check_config, load_pretrained, read_config
@@ -262,6 +264,21 @@ def test_without_huggingface_hub_a_hub_name_says_to_install_the_extra(tmp_path, 
     line = error_line(capsys, "--model.init_from", "gpt2")
     assert "model.init_from gpt2 is a Hugging Face hub name, and fetching it needs huggingface_hub" in line
     assert 'pip install -e ".[hub]"' in line and "--model.init_from models/gpt2" in line
+
+
+def test_a_hub_name_that_cannot_be_fetched_fails_before_the_model_is_built(tmp_path, monkeypatch, capsys):
+    # GPT-2 124M's random initialisation takes seconds: a failed download says so before any of it
+    monkeypatch.chdir(tmp_path)
+    built = []
+    monkeypatch.setattr(module, "GPT", lambda cfg: built.append(cfg))  # what GPTLightning builds its model with
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refused)
+    line = error_line(capsys, "--model.init_from", "gpt2")
+    assert line.startswith("error: cannot download openai-community/gpt2 ([Errno 111] Connection refused); ")
+    assert built == []
 
 
 def test_without_network_a_hub_name_says_what_to_download_and_where(tmp_path):
