@@ -19,6 +19,7 @@ import resource
 import shlex
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -215,7 +216,14 @@ def run_stopped(stop: str, moment: str, args: list[str], folder: Path, capsys) -
             finally:
                 sys.stderr.flush()
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
+        deadline = time.monotonic() + 300  # a child that hangs (a lock held by another thread at the fork) fails
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:  # the test instead of the whole suite
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"the forked fit did not end within 300 s:\n{err.read_text()}")
+            time.sleep(0.05)
+        status = done[1]
         return os.waitstatus_to_exitcode(status), (err.read_text().strip().splitlines() or [""])[-1]
 
     previous_xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, as on a full disk
