@@ -151,7 +151,7 @@ GROUPS = {
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     GROUPS["test_fault_matrix"] = "test_fault_matrix"
 # Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded).
-SECONDS = {"test_fault_matrix": 47, "tiny_run": 42, "test_pretrained": 30, "test_ddp": 40, "test_packaging": 15,
+SECONDS = {"test_fault_matrix": 47, "tiny_run": 42, "test_pretrained": 20, "test_ddp": 40, "test_packaging": 15,
            "test_safe_checkpoints": 14, "chapter": 14, "test_inside_block": 8,
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30}  # fmt: skip

@@ -8,8 +8,6 @@ exactly those weights. The hub itself is tested unreachable and uninstalled: its
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -281,18 +279,20 @@ def test_a_hub_name_that_cannot_be_fetched_fails_before_the_model_is_built(tmp_p
     assert built == []
 
 
-def test_without_network_a_hub_name_says_what_to_download_and_where(tmp_path):
-    # the README's command with the hub out of reach (nothing listens there) and an empty cache
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"}
-    env.pop("HF_HUB_OFFLINE", None)
-    args = ["predict", "--config", str(REPO / "configs/gpt2_124m.yaml"), "--model.init_from", "gpt2"]
-    out = subprocess.run(
-        [sys.executable, "-m", "gpt_lit", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 2, out.stderr[-3000:]
-    lines = out.stderr.strip().splitlines()
-    assert [line for line in lines if line.startswith("error:")] == lines[-1:] and "Traceback" not in out.stderr
-    assert lines[-1].startswith("error: cannot download openai-community/gpt2 (")
+def test_without_network_a_hub_name_says_what_to_download_and_where(tmp_path, monkeypatch, capsys):
+    # the README's command with the hub out of reach (nothing listens at its address) and an empty cache; in this
+    # process, with the address and the cache huggingface_hub read from HF_ENDPOINT and HF_HOME at its import
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", "--config", str(REPO / "configs/gpt2_124m.yaml"), "--model.init_from", "gpt2"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:] and "Traceback" not in err
+    assert lines[-1].startswith("error: cannot download openai-community/gpt2 ([Errno 111] Connection refused); ")
     assert lines[-1].endswith(
         "download config.json and model.safetensors from https://huggingface.co/openai-community/gpt2/tree/main "
         "into a folder such as models/gpt2/ (or: hf download openai-community/gpt2 config.json model.safetensors "
