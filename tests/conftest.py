@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt_lit import experiments
-from gpt_lit.data import DATA_DIR_ENV, SHIPPED_BOOK_DIR
-
-# Importing Lightning before pytest's log capture starts makes its loggers print instead of propagating;
-# let them propagate, so tests can read what a run says (caplog) wherever Lightning was first imported.
-for name in ("lightning.pytorch", "lightning.fabric"):
-    logging.getLogger(name).propagate = True
+# Nothing here imports gpt_lit (torch, Lightning: ~5 s) when the module loads: pytest-xdist's controller loads this
+# file before it starts the workers, and runs no test. The workers import it as the tests need it.
 
 # pytest-xdist runs the suite on two worker processes (pyproject.toml's addopts). Each worker computes on one
 # thread, and so does every process a test starts (they inherit OMP_NUM_THREADS): two workers, each with torch's
@@ -25,9 +20,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
-# The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
-os.environ.pop(DATA_DIR_ENV, None)
-BOOK = SHIPPED_BOOK_DIR / "pg35.txt"
 
 # A model small enough to train for a few steps in seconds, same code paths as the chapter's configs.
 TINY = [
@@ -51,11 +43,26 @@ QUIET_TRAINER = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_environment() -> None:
+    """The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
+    And Lightning's loggers propagate, so tests can read what a run says (caplog): imported before pytest's log
+    capture starts, Lightning makes them print instead."""
+    from gpt_lit.data import DATA_DIR_ENV  # imports Lightning
+
+    os.environ.pop(DATA_DIR_ENV, None)
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).propagate = True
+
+
 @pytest.fixture(scope="session")
 def book_path() -> Path:
-    if not BOOK.is_file():
-        pytest.fail(f"The Time Machine is not at {BOOK}: the package's shipped book is missing")
-    return BOOK
+    from gpt_lit.data import SHIPPED_BOOK_DIR
+
+    book = SHIPPED_BOOK_DIR / "pg35.txt"
+    if not book.is_file():
+        pytest.fail(f"The Time Machine is not at {book}: the package's shipped book is missing")
+    return book
 
 
 @dataclass
@@ -122,9 +129,20 @@ def windows_by_hand(ids, context_length: int, stride: int):
 # The chapter's experiments and its untrained GPT-2 are the suite's costliest computations; each is made once per
 # session and shared by the tests that read it (the model is only ever put in eval mode and read).
 # (Bound here, so that a test may put these in gpt_lit.experiments' place.)
-chapter_experiment = functools.cache(experiments.residual_experiment)
-untrained_gpt2 = functools.cache(experiments.untrained_gpt2)
-chapter_continuation = functools.cache(experiments.continuation)  # greedy, so the same every time
+# chapter_experiment: experiments.residual_experiment; untrained_gpt2; chapter_continuation: experiments.continuation
+# (greedy, so the same every time). Made on first use (PEP 562's module __getattr__), so that loading this file
+# imports no gpt_lit.
+CACHED = {"chapter_experiment": "residual_experiment", "untrained_gpt2": "untrained_gpt2",
+          "chapter_continuation": "continuation"}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name not in CACHED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from gpt_lit import experiments
+
+    globals()[name] = cached = functools.cache(getattr(experiments, CACHED[name]))
+    return cached
 
 
 def load_script(name: str):
