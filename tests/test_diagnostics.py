@@ -32,6 +32,7 @@ from gpt_lit.callbacks import (
     UnigramBaseline,
     mean_position_similarity,
 )
+from gpt_lit.callbacks.samples import LastPositionLogits, padded_prompts
 from gpt_lit.data import TimeMachineData, default_data_dir, load_book
 from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning
@@ -263,6 +264,36 @@ def test_samples_leave_the_training_mode_and_the_random_state_as_they_were():
     assert module.training and module.model.training and all(m.training for m in module.modules())
     assert torch.equal(torch.get_rng_state(), before) and torch.get_num_threads() == threads
     assert texts[0].startswith("I saw") and len(get_tokenizer().encode(texts[0])) == 2 + 3
+
+
+def scrambled_module(context_length: int = 16) -> GPTLightning:
+    """A small GPT with weights drawn at std 0.5: its logits differ from position to position and prompt to prompt."""
+    module = GPTLightning(GPTConfig(vocab_size=50257, context_length=context_length, emb_dim=16, n_layers=2, n_heads=2))
+    with torch.no_grad():
+        for p in module.model.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
+    return module.eval()
+
+
+def test_one_batch_of_prompts_of_different_lengths_gives_each_prompts_own_last_logits():
+    model = scrambled_module().model
+    prompts = [[40, 2497], [464, 3862, 43662, 6051, 357, 1640, 523, 340, 481, 307, 11282, 284, 2740, 286, 683, 8], [11]]
+    batched = LastPositionLogits(model)(padded_prompts(prompts))  # left-filled with PAD up to 16 tokens
+    assert batched.shape == (3, 1, 50257)
+    for row, ids in zip(batched, prompts, strict=True):
+        alone = model(torch.tensor([ids]))[0, -1]  # the whole GPT on this prompt only: its last position
+        torch.testing.assert_close(row[0], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_samples_of_prompts_of_different_lengths_equal_each_prompt_continued_alone():
+    # All prompts continue in one batch; each must read as the chapter's generate on that prompt alone, also once
+    # the longest outgrows the 16-token context and generate crops it on the left.
+    module = scrambled_module()
+    prompts = ["I saw", "The Time Traveller (for so it will be convenient to speak of him)", "The Time Traveller"]
+    enc = get_tokenizer()
+    alone = [enc.decode(generate(module.model, torch.tensor([enc.encode(p)]), 12)[0].tolist()) for p in prompts]
+    assert len({len(enc.encode(p)) for p in prompts}) == 3 and len(enc.encode(prompts[1])) + 12 > 16
+    assert Samples(prompts, max_new_tokens=12).continuations(module) == alone
 
 
 def hparams_data(events: EventAccumulator, tag: str, parse):

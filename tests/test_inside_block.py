@@ -29,7 +29,9 @@ from gpt_lit.callbacks import (
     row_entropy,
     stream_sizes,
 )
+from gpt_lit.callbacks.block_pass import SharedPass, record_blocks
 from gpt_lit.callbacks.probe import diagnostic_threads
+from gpt_lit.callbacks.similarity import block_similarities
 from gpt_lit.cli import main
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
@@ -154,25 +156,29 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure(
 
 
 def test_a_figure_reaches_tensorboard_pixel_for_pixel(tmp_path):
-    """Figures go to TensorBoard as PNGs encoded by gpt_lit (a faster level than add_image's): the Images tab must
-    decode exactly the pixels that were drawn, with their size."""
+    """Figures go to TensorBoard as PNGs that gpt_lit writes itself (faster than add_image's Pillow): an independent
+    decoder (Pillow's) must read exactly the pixels that were drawn, with their size."""
     import io
 
     import numpy as np
     from PIL import Image
     from torch.utils.tensorboard import SummaryWriter
 
-    from gpt_lit.callbacks.figures import add_png
+    from gpt_lit.callbacks.figures import add_png, figure_pixels, similarity_figure
 
-    pixels = np.random.default_rng(0).integers(0, 256, size=(30, 50, 3), dtype=np.uint8)
+    noise = np.random.default_rng(0).integers(0, 256, size=(30, 50, 3), dtype=np.uint8)
+    drawn = figure_pixels(similarity_figure([{"epoch": 0, "blocks": [0.9, 0.5, 0.2]}]))  # flat colours and text
     writer = SummaryWriter(str(tmp_path))
-    add_png(writer, "figures/x", pixels, step=7)
+    add_png(writer, "figures/x", noise, step=7)
+    add_png(writer, "figures/y", drawn, step=9)
     writer.close()
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    [image] = events.Images("figures/x")
-    assert (image.step, image.width, image.height) == (7, 50, 30)
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(image.encoded_image_string))), pixels)
+    for tag, pixels, step in (("figures/x", noise, 7), ("figures/y", drawn, 9)):
+        [image] = events.Images(tag)
+        assert (image.step, image.width, image.height) == (step, pixels.shape[1], pixels.shape[0])
+        decoded = Image.open(io.BytesIO(image.encoded_image_string))
+        assert decoded.mode == "RGB" and np.array_equal(np.asarray(decoded), pixels)
 
 
 def test_row_entropy_in_nats():
@@ -354,6 +360,35 @@ def test_each_instrument_logs_at_the_start_and_at_loss_vals_step(runs):
     with torch.no_grad():
         own = F.cross_entropy(module.model(x).flatten(0, 1), y.flatten()).item()
     assert values(acc, "lens/block_2")[-1][1] == pytest.approx(own, abs=1e-4)
+    # The probes share one pass of 8 windows (the lens reads its first 2): each value as its own pass gives it.
+    eight = torch.stack([val[i][0] for i in range(8)])
+    similarity, sizes = block_similarities(module.model, eight), stream_sizes(module.model, eight)
+    entropies = [row_entropy(w).mean().item() for w in block_attentions(module.model, eight)]
+    for i in (1, 2):
+        assert values(acc, f"similarity/block_{i}")[-1][1] == pytest.approx(similarity[i - 1], abs=1e-5)
+        assert values(acc, f"stream/rms/block_{i}")[-1][1] == pytest.approx(sizes["rms"][i - 1], rel=1e-5)
+        assert values(acc, f"stream/update/ffn_{i}")[-1][1] == pytest.approx(sizes["ffn"][i - 1], rel=1e-5)
+        assert values(acc, f"attention/entropy/block_{i}")[-1][1] == pytest.approx(entropies[i - 1], abs=1e-5)
+    assert values(acc, "lens/block_1")[-1][1] == pytest.approx(lens_losses(module.model, x, y)[0], abs=1e-4)
+
+
+def test_the_probes_of_one_moment_share_one_pass_and_no_other():
+    model, x = tiny_model(residual=True), tokens(batch=4)
+    passes = []
+    model.blocks[0].register_forward_hook(lambda *_: passes.append(1))
+    shared = SharedPass()
+    first = shared(model, x, moment=(5, 1))
+    assert shared(model, x, moment=(5, 1)) is first and len(passes) == 1  # the same moment, the same windows
+    two = shared(model, x[:2], moment=(5, 1))  # fewer windows: the first rows of the same pass
+    assert len(passes) == 1 and torch.equal(two.block_out[1], first.block_out[1][:2])
+    torch.testing.assert_close(two.block_out[1], record_blocks(model, x[:2]).block_out[1])
+    assert len(passes) == 2
+    shared(model, x, moment=(7, 2))  # later: the weights may have changed
+    shared(model, x.flip(0), moment=(7, 2))  # other windows
+    other = tiny_model(residual=False)
+    other.blocks[0].register_forward_hook(lambda *_: passes.append(1))
+    shared(other, x.flip(0), moment=(7, 2))  # another model
+    assert len(passes) == 5
 
 
 def test_loss_by_position_averages_to_loss_val(runs):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import io
+import struct
+import zlib
 from typing import Any
 
 import lightning as L
@@ -12,7 +13,6 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure  # a bare Figure on the Agg canvas: no pyplot, no GUI backend, no global state
 from matplotlib.ticker import MaxNLocator
-from PIL import Image
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
@@ -133,13 +133,30 @@ def finish_epochs_axes(ax: Any, xlabel: str, ylabel: str, title: str, floor: flo
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """(height, width, 3) uint8 RGB as a PNG file: every row unfiltered (filter type 0), zlib at level 1.
+
+    Pillow's PNG encoder tries five filters on every row and keeps the best; for these figures (flat colours,
+    text) that search was most of the time and bought ~10% smaller files. This writes the three chunks the
+    PNG specification requires (IHDR, IDAT, IEND) in a third of Pillow's time at any compression level.
+    """
+    height, width, _ = pixels.shape
+    rows = np.empty((height, 1 + 3 * width), dtype=np.uint8)  # each row: its filter byte (0: none), then RGB
+    rows[:, 0] = 0
+    rows[:, 1:] = pixels.reshape(height, 3 * width)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, colour type 2 (RGB), no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b"")
+
+
 def add_png(writer: SummaryWriter, tag: str, pixels: np.ndarray, step: int) -> None:
-    """``writer.add_image(tag, pixels, step, dataformats="HWC")`` for (height, width, 3) uint8 RGB, with the PNG
-    compressed at PIL's level 3 instead of 6: a third of the time for an attention map, files ~25% larger."""
-    png = io.BytesIO()
-    Image.fromarray(pixels).save(png, format="PNG", compress_level=3)
+    """``writer.add_image(tag, pixels, step, dataformats="HWC")`` for (height, width, 3) uint8 RGB, the PNG
+    written by ``png_bytes`` (add_image has Pillow encode it, 3x slower)."""
     height, width, channels = pixels.shape
-    image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png.getvalue())
+    image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png_bytes(pixels))
     writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 

@@ -32,10 +32,15 @@ def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     model is in; the head runs in chunks of rows (``head_cross_entropy``). The last value is the model's own loss
     on (x, y).
     """
+    return read_out(model, block_outputs(model, x), y)
+
+
+@torch.no_grad()
+def read_out(model: GPT, outputs: list[torch.Tensor], y: torch.Tensor) -> list[float]:
+    """``lens_losses`` from the stream after each block, (B, T, emb_dim) each, and the targets ``y`` (B, T)."""
     targets = y.flatten()
     return [
-        head_cross_entropy(model.final_norm(out).flatten(0, 1), model.head.weight, targets).item()
-        for out in block_outputs(model, x)
+        head_cross_entropy(model.final_norm(out).flatten(0, 1), model.head.weight, targets).item() for out in outputs
     ]
 
 
@@ -80,7 +85,8 @@ class LogitLens(ValidationProbe):
         self.floor = unigram_entropy(ids) if ids is not None else None
 
     def measure(self, model: GPT, batch: tuple[torch.Tensor, torch.Tensor]) -> list[float]:
-        return lens_losses(model, *batch)
+        x, y = batch
+        return read_out(model, self.blocks(model, x).block_out, y)  # as lens_losses, from the shared pass
 
     def record(
         self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, blocks: list[float]

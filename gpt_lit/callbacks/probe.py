@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.callbacks.block_pass import SHARED_PASS, BlockRecord
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters
 from gpt_lit.model import GPT
 
@@ -66,7 +67,8 @@ class ValidationProbe(Callback):
     in eval mode without gradients, then back in training mode. A subclass says what to ``measure`` and how to
     ``record`` it. ``history`` (one entry per measurement, for figures that draw every epoch so far) goes into
     checkpoints, so a resumed run's figures keep the epochs before the stop. Skipped, with one logged line, under
-    strategies that shard the parameters (the model cannot be run outside their own forward).
+    strategies that shard the parameters (the model cannot be run outside their own forward). A probe that needs
+    the blocks' inputs and outputs asks ``blocks``: the probes of one moment share one pass (``SharedPass``).
     """
 
     at_start = True  # also measure at the start of a fresh run ("epoch" 0)
@@ -77,6 +79,11 @@ class ValidationProbe(Callback):
         self.batch: Any = None  # (n, T) token IDs, or a pair of them with the targets
         self.history: list[dict[str, Any]] = []  # in checkpoints
         self.active = True
+        self.moment: tuple[int, int] = (0, 0)  # (step, epoch) of the measurement being made
+
+    def blocks(self, model: GPT, idx: torch.Tensor) -> BlockRecord:
+        """What every block read and wrote on the token IDs ``idx``, from the pass this moment's probes share."""
+        return SHARED_PASS(model, idx, self.moment)
 
     def measure(self, model: GPT, batch: Any) -> Any:
         """What this diagnostic computes from the model on the batch (already on the model's device)."""
@@ -95,6 +102,7 @@ class ValidationProbe(Callback):
         batch = (
             tuple(t.to(pl_module.device) for t in self.batch) if self.with_targets else self.batch.to(pl_module.device)
         )
+        self.moment = (step, epoch)
         was_training = pl_module.training
         pl_module.eval()
         try:
@@ -113,6 +121,12 @@ class ValidationProbe(Callback):
         self.prepare(trainer)
         if self.active and self.at_start and is_fresh_start(trainer):  # a resumed run logged its start already
             self._probe(trainer, pl_module, step=0, epoch=0)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        SHARED_PASS.clear()  # another model, or this one loaded from a checkpoint
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        SHARED_PASS.clear()  # the weights are about to change; and the record's memory is freed
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.active:

@@ -22,11 +22,18 @@ def sample_markdown(prompt: str, text: str) -> str:
     return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
 
 
-class LastPositionLogits(nn.Module):
-    """The GPT as ``generate`` sees it, computing the output head for the last position only: (B, 1, vocab_size).
+PAD = -1  # fills the left of the shorter prompts: not a token ID
 
-    ``generate`` reads only ``logits[:, -1, :]``; the head over every position was most of its arithmetic
-    (a 256 x 50257 matmul per position) and gave the same last row.
+
+class LastPositionLogits(nn.Module):
+    """The GPT as ``generate`` sees it, for a batch of prompts of different lengths: each row's logits for its last
+    token, (B, 1, vocab_size), as the GPT run on that row alone would give them.
+
+    The rows come left-filled with ``PAD`` (``generate`` appends each row's next token on the right and crops
+    on the left). Each row is moved to start at position 0, as it would alone; what follows its last token
+    (copies of it) cannot change that token's output, as attention is causal. One pass serves every prompt,
+    and the output head, a 256 x 50257 matrix read whole for every new token, runs once for all of them, on
+    the last positions only (``generate`` reads nothing else).
     """
 
     def __init__(self, gpt: GPT):
@@ -34,7 +41,19 @@ class LastPositionLogits(nn.Module):
         self.gpt, self.cfg = gpt, gpt.cfg
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.gpt.head(self.gpt.final_norm(self.gpt.hidden_states(idx)[:, -1:]))
+        B, T = idx.shape
+        lengths = (idx != PAD).sum(dim=1)  # (B,) each row's tokens, all at its right end
+        cols = (torch.arange(T, device=idx.device) + (T - lengths)[:, None]).clamp(max=T - 1)  # (B, T)
+        aligned = idx.gather(1, cols)  # (B, T): each row's tokens from position 0, then its last token repeated
+        hidden = self.gpt.hidden_states(aligned)  # (B, T, emb_dim)
+        last = hidden[torch.arange(B, device=idx.device), lengths - 1]  # (B, emb_dim)
+        return self.gpt.head(self.gpt.final_norm(last))[:, None, :]  # (B, 1, vocab_size)
+
+
+def padded_prompts(prompts: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The prompts' token IDs as one (B, longest) tensor, each row filled on the left with ``PAD``."""
+    longest = max(len(ids) for ids in prompts)
+    return torch.tensor([[PAD] * (longest - len(ids)) + ids for ids in prompts], device=device)
 
 
 class Samples(Callback):
@@ -66,13 +85,13 @@ class Samples(Callback):
         enc, model = get_tokenizer(), pl_module.model
         was_training = model.training
         try:
-            texts = []
-            with diagnostic_threads():  # 60 small sequential forward passes: one thread if the CPU is shared
-                for prompt in self.prompts:
-                    idx = torch.tensor([enc.encode(prompt, allowed_special="all")], device=pl_module.device)
-                    out = generate(LastPositionLogits(model), idx, self.max_new_tokens)  # the chapter's greedy loop
-                    texts.append(enc.decode(out[0].tolist()))
-            return texts
+            prompts = [enc.encode(prompt, allowed_special="all") for prompt in self.prompts]
+            with diagnostic_threads():  # 30 small sequential forward passes: one thread if the CPU is shared
+                # the chapter's greedy loop, every prompt at once
+                out = generate(
+                    LastPositionLogits(model), padded_prompts(prompts, pl_module.device), self.max_new_tokens
+                )
+            return [enc.decode([t for t in row if t != PAD]) for row in out.tolist()]
         finally:
             model.train(was_training)  # generate() switches the model to eval mode and leaves it there
 

@@ -6,6 +6,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from gpt_lit.callbacks.block_pass import record_blocks
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.model import GPT
 
@@ -25,16 +26,9 @@ def mean_position_similarity(hidden: torch.Tensor) -> torch.Tensor:
 def block_outputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
     """The stream after each block, 1 .. n_layers, (B, T, emb_dim) each, for the token IDs ``idx`` (B, T).
 
-    One pass of ``model.hidden_states`` with a forward hook on every block, in whatever mode the model is in.
+    One pass of ``model.hidden_states`` with forward hooks (``record_blocks``), in whatever mode the model is in.
     """
-    outputs: list[torch.Tensor] = []
-    hooks = [blk.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for blk in model.blocks]
-    try:
-        model.hidden_states(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return outputs
+    return record_blocks(model, idx).block_out
 
 
 @torch.no_grad()
@@ -43,7 +37,12 @@ def block_similarities(model: GPT, idx: torch.Tensor) -> list[float]:
 
     The last value is the similarity at the top of the stack, before the final norm.
     """
-    return [mean_position_similarity(out).item() for out in block_outputs(model, idx)]
+    return similarities(block_outputs(model, idx))
+
+
+def similarities(outputs: list[torch.Tensor]) -> list[float]:
+    """``mean_position_similarity`` of each block's output."""
+    return [mean_position_similarity(out).item() for out in outputs]
 
 
 class PositionSimilarity(ValidationProbe):
@@ -64,7 +63,7 @@ class PositionSimilarity(ValidationProbe):
 
     def measure(self, model: GPT, batch: torch.Tensor) -> list[float]:
         """The similarity after each block of ``model`` for the fixed batch."""
-        return block_similarities(model, batch)
+        return similarities(self.blocks(model, batch).block_out)  # as block_similarities, from the shared pass
 
     def record(
         self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, blocks: list[float]

@@ -8,6 +8,7 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
+from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
 from gpt_lit.callbacks.figures import (
     ReusedFigure,
     add_png,
@@ -30,38 +31,23 @@ def rms(x: torch.Tensor) -> float:
 def stream_sizes(model: GPT, idx: torch.Tensor) -> dict[str, Any]:
     """The stream's RMS into and out of every block, and each sub-layer's output RMS over its input stream's.
 
-    One pass of ``model.hidden_states`` on the token IDs ``idx`` (B, T), with forward hooks that read, in each
-    block, the stream the attention reads (``norm1``'s input), the attention's output, the stream the
-    feed-forward reads (``norm2``'s input) and the feed-forward's output. Returns ``embeddings`` (the RMS of
+    One pass of ``model.hidden_states`` on the token IDs ``idx`` (B, T), with forward hooks (``record_blocks``)
+    that read, in each block, the stream the attention reads (``norm1``'s input), the attention's output, the
+    stream the feed-forward reads (``norm2``'s input) and the feed-forward's output. Returns ``embeddings`` (the RMS of
     the stream entering block 1), ``rms`` (after each block), ``attn`` and ``ffn`` (per block: RMS of the
     sub-layer's output / RMS of the stream it is added to; without residuals, of the stream it replaces).
     In whatever mode the model is in (dropout, if training, would sit between the branch and the sum).
     """
-    seen: dict[tuple[str, int], torch.Tensor] = {}
+    return sizes(record_blocks(model, idx))
 
-    def keep(name: str, i: int, use_input: bool):
-        return lambda _m, args, out: seen.__setitem__((name, i), args[0] if use_input else out)
 
-    hooks = []
-    for i, blk in enumerate(model.blocks):
-        hooks += [
-            blk.norm1.register_forward_hook(keep("attn_in", i, True)),
-            blk.attn.register_forward_hook(keep("attn_out", i, False)),
-            blk.norm2.register_forward_hook(keep("ffn_in", i, True)),
-            blk.ffn.register_forward_hook(keep("ffn_out", i, False)),
-            blk.register_forward_hook(keep("block_out", i, False)),
-        ]
-    try:
-        model.hidden_states(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    n = len(model.blocks)
+def sizes(record: BlockRecord) -> dict[str, Any]:
+    """``stream_sizes`` from what a pass recorded."""
     return {
-        "embeddings": rms(seen["attn_in", 0]),
-        "rms": [rms(seen["block_out", i]) for i in range(n)],
-        "attn": [rms(seen["attn_out", i]) / rms(seen["attn_in", i]) for i in range(n)],
-        "ffn": [rms(seen["ffn_out", i]) / rms(seen["ffn_in", i]) for i in range(n)],
+        "embeddings": rms(record.attn_in[0]),
+        "rms": [rms(out) for out in record.block_out],
+        "attn": [rms(out) / rms(x) for out, x in zip(record.attn_out, record.attn_in, strict=True)],
+        "ffn": [rms(out) / rms(x) for out, x in zip(record.ffn_out, record.ffn_in, strict=True)],
     }
 
 
@@ -103,7 +89,7 @@ class ResidualStream(ValidationProbe):
         self.reused = ReusedFigure()  # the figure, drawn again each epoch
 
     def measure(self, model: GPT, batch: torch.Tensor) -> dict[str, Any]:
-        return stream_sizes(model, batch)
+        return sizes(self.blocks(model, batch))  # as stream_sizes, from the shared pass
 
     def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, sizes: dict) -> None:
         self.history.append({"step": step, "epoch": epoch, **sizes})  # "embeddings", "rms", "attn", "ffn"
