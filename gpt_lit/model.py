@@ -121,12 +121,18 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_in, 3 * d_in, bias=qkv_bias)
         self.proj = nn.Linear(d_in, d_in)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of every head: (B, T, emb_dim) -> 3 x (B, n_heads, T, head_dim)."""
         B, T, C = x.shape  # (batch, tokens, emb_dim)
         q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
         k = k.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
         v = v.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape  # (batch, tokens, emb_dim)
+        q, k, v = self.heads(x)  # 3 x (B, n_heads, T, head_dim)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, n_heads, T, head_dim)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again

@@ -21,7 +21,10 @@ from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
 
 from gpt_lit.callbacks import (
+    AttentionMaps,
     LogitLens,
+    PositionSimilarity,
+    ResidualStream,
     attention_weights,
     block_attentions,
     lens_losses,
@@ -109,20 +112,23 @@ def test_the_sentences_weights_are_those_of_the_sentence_alone(residual):
     assert entropies == pytest.approx([row_entropy(w).mean().item() for w in block_attentions(model, x)])
 
 
-def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw():
-    """Every block's image after the first, and later epochs, redraw only the weights and the title over the saved
-    rest: the pixels must be a full draw's."""
+@pytest.mark.parametrize("n_heads, n_tokens", [(2, 6), (4, 24)])  # the title and "after epoch" share columns, or not
+def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw(n_heads, n_tokens):
+    """Every block's image after the first, and later epochs, are put together from saved pixels and the weights
+    painted anew: the pixels must be a full draw's."""
     from gpt_lit.callbacks.attention import AttentionFigure, attention_figure
     from gpt_lit.callbacks.figures import figure_pixels
 
-    labels = [f"t{i}" for i in range(6)]
-    figure = AttentionFigure(torch.full((2, 6, 6), 1 / 6), labels)
-    for epoch, scale in ((0, 0.0), (1, 3.0), (7, 9.0)):  # uniform rows, then sharper and sharper ones
-        for block in (1, 2):
+    labels = [f"t{i}" for i in range(n_tokens)]
+    shape = (n_heads, n_tokens, n_tokens)
+    figure = AttentionFigure(torch.full(shape, 1 / n_tokens), labels)
+    assert (figure.split is None) == (n_tokens == 6)  # the narrow figure draws both texts each time
+    for epoch, scale in ((0, 0.0), (1, 3.0), (7, 9.0), (8, 9.0)):  # uniform rows, then sharper and sharper ones
+        for block in (1, 2, 1):
             seed = torch.Generator().manual_seed(10 * epoch + block)
-            weights = torch.softmax(torch.randn(2, 6, 6, generator=seed) * scale, -1)
+            weights = torch.softmax(torch.randn(shape, generator=seed) * scale, -1)
             full = figure_pixels(attention_figure(weights, labels, block=block, epoch=epoch))
-            assert figure.pixels(weights, block, epoch).tolist() == full.tolist(), (block, epoch)
+            assert np.array_equal(figure.pixels(weights, block, epoch), full), (block, epoch)
 
 
 def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure():
@@ -145,6 +151,7 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure(
         "grad_norm": lambda n, into: grad_norm_figure([3.0 / n, 2.0 / n, 1.0], 5 * n, into),  # shrinking: new limits
         "similarity": lambda n, into: similarity_figure([{**e, "blocks": [0.2, 0.5, 0.9]} for e in epochs[:n]], into),
         "lens": lambda n, into: lens_figure(epochs[:n], 6.3, into),
+        "lens, 5 epochs": lambda n, into: lens_figure(epochs[:n], 6.3, into, last=5),  # the colour bar kept
         "position": lambda n, into: position_figure(epochs[:n], 6.3, into),
         "stream": lambda n, into: stream_figure(epochs[:n], n % 2 == 1, into),  # the title changes too
     }
@@ -360,10 +367,12 @@ def test_each_instrument_logs_at_the_start_and_at_loss_vals_step(runs):
     with torch.no_grad():
         own = F.cross_entropy(module.model(x).flatten(0, 1), y.flatten()).item()
     assert values(acc, "lens/block_2")[-1][1] == pytest.approx(own, abs=1e-4)
-    # The probes share one pass of 8 windows (the lens reads its first 2): each value as its own pass gives it.
-    eight = torch.stack([val[i][0] for i in range(8)])
-    similarity, sizes = block_similarities(module.model, eight), stream_sizes(module.model, eight)
-    entropies = [row_entropy(w).mean().item() for w in block_attentions(module.model, eight)]
+    # The probes share one pass of their windows (the lens reads the first): each value as its own pass gives it.
+    k = ResidualStream().num_sequences
+    assert AttentionMaps().num_sequences == PositionSimilarity().num_sequences == k > n
+    first = torch.stack([val[i][0] for i in range(k)])
+    similarity, sizes = block_similarities(module.model, first), stream_sizes(module.model, first)
+    entropies = [row_entropy(w).mean().item() for w in block_attentions(module.model, first)]
     for i in (1, 2):
         assert values(acc, f"similarity/block_{i}")[-1][1] == pytest.approx(similarity[i - 1], abs=1e-5)
         assert values(acc, f"stream/rms/block_{i}")[-1][1] == pytest.approx(sizes["rms"][i - 1], rel=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -26,10 +27,8 @@ def attention_weights(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tenso
     is how position t spreads its attention over positions 0 .. t (the mask puts -inf above the diagonal).
     The model's forward computes the same weights inside ``F.scaled_dot_product_attention``.
     """
-    B, T, C = x.shape
-    q, k, _ = attn.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
-    q = q.view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-    k = k.view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
+    T = x.shape[1]
+    q, k, _ = attn.heads(x)  # (B, n_heads, T, head_dim) each: the block's own projections
     scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, n_heads, T, T)
     future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)  # (T, T): key after query
     return torch.softmax(scores.float().masked_fill(future, -math.inf), dim=-1)
@@ -73,9 +72,12 @@ def heads_image(weights: torch.Tensor, gap: int = 2) -> np.ndarray:
     return image
 
 
-def attention_title(block: int, epoch: int) -> str:
-    when = "at the start" if epoch == 0 else f"after epoch {epoch - 1}"  # epochs count from 0, as in the progress bar
-    return f"Block {block}: where each token (row) looks among the tokens up to it (columns), {when}"
+def attention_title(block: int) -> str:
+    return f"Block {block}: where each token (row) looks among the tokens up to it (columns)"
+
+
+def attention_when(epoch: int) -> str:
+    return "at the start" if epoch == 0 else f"after epoch {epoch - 1}"  # epochs count from 0, as the progress bar
 
 
 def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: int) -> Figure:
@@ -104,30 +106,34 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
         ax.text(-0.8, j, label, ha="right", va="center", fontsize=7)
     cax = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, T * cell / height))
     fig.colorbar(shown, cax=cax, label="attention weight")
-    fig.text(0.5, 1 - 0.1 / height, attention_title(block, epoch), ha="center", va="top", fontsize="large")  # title
+    top = 1 - 0.1 / height
+    fig.text(left / width, top, attention_title(block), va="top", fontsize="large")  # the title, over the image
+    fig.text(1 - right / width, top, attention_when(epoch), ha="right", va="top", fontsize="large")  # when, at its end
     return fig
 
 
 class AttentionFigure:
-    """``attention_figure`` drawn in full once; each later image, of any block and epoch, paints only the weights and
-    draws only the title over the saved rest (matplotlib's blitting: ``copy_from_bbox``, ``restore_region``,
-    ``draw_artist``), as the labels, the layout and the colour bar are the same for every block and epoch.
-
-    The weights are painted with numpy: each token's cell is ``cell`` x ``cell`` pixels of its colour from the
-    image's own colour map and scale (white where the mask hides the future), the nearest-neighbour picture
-    Agg would resample at 34 ms an image (this: ~2 ms). The pixels equal a full draw's (tests check)."""
+    """``attention_figure`` drawn in full once; each later image, of any block and epoch, is put together from saved
+    pixels: the rest of the figure (labels, layout, colour bar: the same for every block and epoch), the block's
+    title (drawn once per block), the epoch's "after epoch k" (drawn once per epoch) and the weights, painted with
+    numpy: each token's cell ``cell`` x ``cell`` pixels of its colour from the image's own colour map and scale
+    (white where the mask hides the future), the nearest-neighbour picture Agg would resample at 34 ms an image
+    (this: ~2 ms). Where the title and the epoch's text would share columns (a narrow figure), both are drawn
+    for each image (matplotlib's blitting: ``restore_region``, ``draw_artist``). The pixels equal a full draw's
+    (tests check)."""
 
     def __init__(self, weights: torch.Tensor, labels: list[str]):
         self.fig = attention_figure(weights, labels, block=1, epoch=0)
         self.canvas = FigureCanvasAgg(self.fig)
         self.image = self.fig.axes[0].images[0]
-        (self.title,) = self.fig.texts  # the title, the figure's one text of its own
-        self.image.set_visible(False)
-        self.title.set_visible(False)
+        self.title, self.when = self.fig.texts  # the figure's own texts: the title and when it was measured
+        for artist in (self.image, self.title, self.when):
+            artist.set_visible(False)
         self.canvas.draw()
-        self.background = self.canvas.copy_from_bbox(self.fig.bbox)  # everything but the weights and the title
-        self.image.set_visible(True)
-        self.title.set_visible(True)
+        self.background = self.canvas.copy_from_bbox(self.fig.bbox)  # everything but the weights and the two texts
+        self.base = self.rgb()
+        for artist in (self.image, self.title, self.when):
+            artist.set_visible(True)
         x0, y0, x1, y1 = self.fig.axes[0].get_window_extent().extents  # the image's pixels, from the bottom left
         height = self.canvas.get_width_height()[1]
         self.rows = slice(round(height - y1), round(height - y0))  # from the top, as the buffer's rows
@@ -139,6 +145,25 @@ class AttentionFigure:
             self.cols.stop - self.cols.start,
         ):
             raise ValueError("the attention image does not cover a whole number of pixels per token")
+        # The column where the title's part of the top band ends and the epoch's begins, if the widest title and
+        # the widest "after epoch" text leave a gap between them (else None: both drawn for each image).
+        renderer = self.canvas.get_renderer()
+        self.title.set_text(attention_title(10**6))
+        self.when.set_text(attention_when(10**6))
+        title_end, when_start = self.title.get_window_extent(renderer).x1, self.when.get_window_extent(renderer).x0
+        self.split = round((title_end + when_start) / 2) if title_end + 2 < when_start else None
+        self.titles: dict[int, np.ndarray] = {}  # block: the top band's pixels up to ``split``, with its title
+        self.whens: tuple[int, np.ndarray] | None = None  # (epoch, the top band's pixels from ``split``)
+
+    def rgb(self) -> np.ndarray:
+        return np.asarray(self.canvas.buffer_rgba())[:, :, :3].copy()
+
+    def band(self, text: Any, value: str, columns: slice) -> np.ndarray:
+        """The pixels above the image in ``columns`` with ``text`` saying ``value`` over the rest."""
+        text.set_text(value)
+        self.canvas.restore_region(self.background)
+        self.fig.draw_artist(text)
+        return np.asarray(self.canvas.buffer_rgba())[: self.rows.start, columns, :3].copy()
 
     def painted(self, weights: torch.Tensor) -> np.ndarray:
         """The image's pixels for ``weights`` (n_heads, T, T): (T * cell, width * cell, 3) uint8 RGB."""
@@ -150,16 +175,27 @@ class AttentionFigure:
     def pixels(self, weights: torch.Tensor, block: int, epoch: int) -> np.ndarray:
         """The figure for ``block``'s ``weights`` (n_heads, T, T) after ``epoch`` (0: the start), (height, width, 3)
         uint8 RGB."""
-        self.title.set_text(attention_title(block, epoch))
-        self.canvas.restore_region(self.background)
-        self.fig.draw_artist(self.title)
-        out = np.asarray(self.canvas.buffer_rgba())[:, :, :3].copy()
+        if self.split is None:
+            self.title.set_text(attention_title(block))
+            self.when.set_text(attention_when(epoch))
+            self.canvas.restore_region(self.background)
+            self.fig.draw_artist(self.title)
+            self.fig.draw_artist(self.when)
+            out = self.rgb()
+        else:
+            if block not in self.titles:
+                self.titles[block] = self.band(self.title, attention_title(block), slice(0, self.split))
+            if self.whens is None or self.whens[0] != epoch:
+                self.whens = (epoch, self.band(self.when, attention_when(epoch), slice(self.split, None)))
+            out = self.base.copy()
+            out[: self.rows.start, : self.split] = self.titles[block]
+            out[: self.rows.start, self.split :] = self.whens[1]
         out[self.rows, self.cols] = self.painted(weights)
         return out
 
 
 class AttentionMaps(ValidationProbe):
-    def __init__(self, num_tokens: int = 24, num_sequences: int = 8):
+    def __init__(self, num_tokens: int = 24, num_sequences: int = 4):
         """Draw each block's attention weights for one fixed sentence, and log how sharp the heads are.
 
         Images ``attention/block_1`` ... ``block_N``: for the first ``num_tokens`` tokens of the first validation

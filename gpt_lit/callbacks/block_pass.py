@@ -63,7 +63,7 @@ class SharedPass:
     """The last ``record_blocks`` of one moment (a model, at a step of an epoch), handed to every probe of that
     moment that asks for the same windows or fewer: the similarity, attention, stream and lens probes of an
     epoch's end all read the first windows of the validation set, and one pass serves them all (each pass of
-    8 windows is ~60 ms on a 2-core CPU). ``clear`` drops it (the probes clear it when training resumes)."""
+    4 windows is ~30 ms on a 2-core CPU). ``clear`` drops it (the probes clear it when training resumes)."""
 
     def __init__(self) -> None:
         self.moment: tuple | None = None

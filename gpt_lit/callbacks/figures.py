@@ -5,12 +5,15 @@ from __future__ import annotations
 import struct
 import zlib
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import Callback
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure  # a bare Figure on the Agg canvas: no pyplot, no GUI backend, no global state
 from matplotlib.ticker import MaxNLocator
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -63,23 +66,22 @@ def grad_norm_figure(norms: list[float], step: int, into: ReusedFigure | None = 
     return fig
 
 
-def similarity_figure(history: list[dict[str, Any]], into: ReusedFigure | None = None) -> Figure:
-    """Similarity between positions against the block's depth, one line per epoch so far (dark: the start)."""
+def similarity_figure(
+    history: list[dict[str, Any]], into: ReusedFigure | None = None, last: int | None = None
+) -> Figure:
+    """Similarity between positions against the block's depth, one line per epoch so far (dark: the start), coloured
+    on the scale of ``epoch_colour`` up to ``last``."""
     fig, ax = epochs_axes(into=into)
-    cmap = colormaps["viridis"]
-    last = max(len(history) - 1, 1)
-    for i, point in enumerate(history):
+    last = last_epoch(history, last)
+    for point in history:
         blocks = list(range(1, len(point["blocks"]) + 1))
-        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch'] - 1}"  # counted from 0, as the progress bar
-        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=cmap(0.9 * i / last), label=label)
+        colour, label = epoch_colour(point["epoch"], last), epoch_label(point["epoch"])
+        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=colour, label=label)
     if history:
         ax.set_xticks(list(range(1, len(history[0]["blocks"]) + 1)))
     ax.set_ylim(top=1.02)
-    ax.set_xlabel("block")
-    ax.set_ylabel("mean cosine similarity between positions")
-    ax.set_title("Similarity between positions after each block (1: all positions alike)", **TITLE)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    title = "Similarity between positions after each block (1: all positions alike)"
+    finish_epochs_axes(ax, "block", "mean cosine similarity between positions", title, epochs=(history, last))
     return fig
 
 
@@ -117,20 +119,73 @@ class ReusedFigure:
         return self.fig, ax
 
 
-def epoch_colour(i: int, n: int) -> tuple[float, ...]:
-    """The colour of line ``i`` of ``n`` (dark: the first)."""
-    return colormaps["viridis"](0.9 * i / max(n - 1, 1))
+def run_epochs(trainer: L.Trainer) -> int | None:
+    """The run's number of epochs (``trainer.max_epochs``), the end of the figures' colour scale; None if unlimited."""
+    return trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
 
 
-def finish_epochs_axes(ax: Any, xlabel: str, ylabel: str, title: str, floor: float | None = None, grid: str = "major"):
-    """The unigram floor dotted (if given), the labels, a light grid and the legend right of the axes."""
+def epoch_label(epoch: int) -> str:
+    """A line's name: "start" (``epoch`` 0), else "epoch k", counted from 0 as the progress bar counts."""
+    return "start" if epoch == 0 else f"epoch {epoch - 1}"
+
+
+def last_epoch(history: list[dict[str, Any]], last: int | None) -> int:
+    """The end of the colour scale: the run's last epoch (``trainer.max_epochs``), or the history's if later or
+    unknown."""
+    return max([last or 0, *(point["epoch"] for point in history)])
+
+
+def epoch_colour(epoch: int, last: int) -> tuple[float, ...]:
+    """The colour of the line measured after ``epoch`` (0: the start) on a scale from the start (dark) to the run's
+    ``last`` epoch (light): fixed for the whole run, so an epoch has the same colour in every image and figure."""
+    return colormaps["viridis"](0.9 * epoch / max(last, 1))
+
+
+_COLOURBARS: WeakKeyDictionary[Figure, tuple[tuple[int, int, bool], Any]] = WeakKeyDictionary()  # fig: (scale, axes)
+
+
+def epoch_colourbar(fig: Figure, first: int, last: int, below_legend: bool) -> None:
+    """The epochs' colours as a bar right of the axes, one block per epoch from ``first`` to ``last`` (a legend of
+    eleven lines cost twice its time to draw); kept in a reused figure while the scale is the same."""
+    key = (first, last, below_legend)
+    kept = _COLOURBARS.get(fig)
+    if kept is not None and kept[0] == key:
+        return
+    if kept is not None:
+        kept[1].remove()
+    top = 0.8 if below_legend else 0.91  # below the floor's legend, else as high as the axes
+    cax = fig.add_axes((0.775, 0.12, 0.02, top - 0.12))
+    epochs = np.arange(first, last + 1)
+    cmap = ListedColormap([epoch_colour(int(e), last) for e in epochs])
+    bar = fig.colorbar(ScalarMappable(BoundaryNorm(np.arange(first - 0.5, last + 1.5), cmap.N), cmap), cax=cax)
+    shown = epochs[:: -(-len(epochs) // 6)]  # at most 6 labelled: start, 1, 3, ... (each label is drawn anew)
+    bar.set_ticks(shown, labels=[epoch_label(int(e)).removeprefix("epoch ") for e in shown])
+    bar.ax.tick_params(labelsize="small", length=0)
+    bar.set_label("epoch", fontsize="small")
+    _COLOURBARS[fig] = (key, cax)
+
+
+def finish_epochs_axes(
+    ax: Any,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    floor: float | None = None,
+    grid: str = "major",
+    epochs: tuple[list[dict[str, Any]], int] | None = None,
+):
+    """The unigram floor dotted (if given, named in a legend right of the axes), the labels, a light grid, and the
+    colour bar of the ``epochs`` (the history drawn and the scale's last epoch) right of the axes."""
     if floor is not None:
         ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
+        ax.legend(handles=ax.lines[-1:], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, **TITLE)
     ax.grid(alpha=0.3, which=grid)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    if epochs is not None and epochs[0]:
+        history, last = epochs
+        epoch_colourbar(ax.figure, min(point["epoch"] for point in history), last, floor is not None)
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:
@@ -207,7 +262,7 @@ class ChapterFigures(Callback):
             self._add(writer, "figures/grad_norm_by_block", fig, step)
         history = next((cb.history for cb in trainer.callbacks if isinstance(cb, PositionSimilarity)), [])
         if history:
-            fig = similarity_figure(history, self.reused["similarity_by_block"])
+            fig = similarity_figure(history, self.reused["similarity_by_block"], run_epochs(trainer))
             self._add(writer, "figures/similarity_by_block", fig, step)
 
     @staticmethod

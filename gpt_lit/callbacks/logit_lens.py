@@ -12,9 +12,12 @@ from gpt_lit.callbacks.figures import (
     ReusedFigure,
     add_png,
     epoch_colour,
+    epoch_label,
     epochs_axes,
     figure_pixels,
     finish_epochs_axes,
+    last_epoch,
+    run_epochs,
 )
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
@@ -44,16 +47,22 @@ def read_out(model: GPT, outputs: list[torch.Tensor], y: torch.Tensor) -> list[f
     ]
 
 
-def lens_figure(history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None) -> Figure:
-    """Lens loss against depth, one line per epoch so far (dark: the first), the unigram floor dotted."""
+def lens_figure(
+    history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None, last: int | None = None
+) -> Figure:
+    """Lens loss against depth, one line per epoch so far (coloured by ``epoch_colour`` up to ``last``), the unigram
+    floor dotted."""
     fig, ax = epochs_axes(into=into)
-    for i, point in enumerate(history):
-        blocks, label = range(1, len(point["blocks"]) + 1), f"epoch {point['epoch'] - 1}"
-        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=epoch_colour(i, len(history)), label=label)
+    last = last_epoch(history, last)
+    for point in history:
+        blocks, label = range(1, len(point["blocks"]) + 1), epoch_label(point["epoch"])
+        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=epoch_colour(point["epoch"], last), label=label)
     if history:
         ax.set_xticks(range(1, len(history[0]["blocks"]) + 1))
     title = "Logit lens: the loss of the stream after each block, read out by the head"
-    finish_epochs_axes(ax, "stream read out after block", "validation loss (nats)", title, floor)
+    finish_epochs_axes(
+        ax, "stream read out after block", "validation loss (nats)", title, floor, epochs=(history, last)
+    )
     return fig
 
 
@@ -61,7 +70,7 @@ class LogitLens(ValidationProbe):
     at_start = False  # the head reads nothing useful before training
     with_targets = True
 
-    def __init__(self, num_sequences: int = 2):
+    def __init__(self, num_sequences: int = 1):
         """Log the validation loss of the stream after each block, read out through the final norm and the head.
 
         ``lens/block_1`` ... ``block_N``: the cross-entropy on the first ``num_sequences`` validation windows
@@ -95,5 +104,5 @@ class LogitLens(ValidationProbe):
         trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            pixels = figure_pixels(lens_figure(self.history, self.floor, self.reused))
+            pixels = figure_pixels(lens_figure(self.history, self.floor, self.reused, run_epochs(trainer)))
             add_png(writer, "figures/lens_by_block", pixels, step)

@@ -13,9 +13,12 @@ from gpt_lit.callbacks.figures import (
     ReusedFigure,
     add_png,
     epoch_colour,
+    epoch_label,
     epochs_axes,
     figure_pixels,
     finish_epochs_axes,
+    last_epoch,
+    run_epochs,
 )
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
@@ -38,15 +41,18 @@ def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
     return centres, means
 
 
-def position_figure(history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None) -> Figure:
-    """Validation loss against position (log scale), per epoch (dark: the first): each position faint, each
-    octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
+def position_figure(
+    history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None, last: int | None = None
+) -> Figure:
+    """Validation loss against position (log scale), per epoch (coloured by ``epoch_colour`` up to ``last``): each
+    position faint, each octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
     fig, ax = epochs_axes(into=into)
-    for i, point in enumerate(history):
-        losses, colour = point["losses"], epoch_colour(i, len(history))
+    last = last_epoch(history, last)
+    for point in history:
+        losses, colour = point["losses"], epoch_colour(point["epoch"], last)
         ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
         centres, means = octave_means(losses)
-        ax.plot(centres, means, "-o", color=colour, markersize=4, label=f"epoch {point['epoch'] - 1}")
+        ax.plot(centres, means, "-o", color=colour, markersize=4, label=epoch_label(point["epoch"]))
     ax.set_xscale("log", base=2)
     if history:
         n = len(history[0]["losses"])
@@ -56,7 +62,8 @@ def position_figure(history: list[dict[str, Any]], floor: float | None, into: Re
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlim(1, n)
     title = "Validation loss at each position (faint) and per octave of positions"
-    finish_epochs_axes(ax, "position: tokens of context seen (log scale)", "validation loss (nats)", title, floor)
+    xlabel = "position: tokens of context seen (log scale)"
+    finish_epochs_axes(ax, xlabel, "validation loss (nats)", title, floor, epochs=(history, last))
     return fig
 
 
@@ -94,7 +101,7 @@ class PositionLoss(Callback):
         trainer.logger.log_metrics(metrics, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            pixels = figure_pixels(position_figure(self.history, self.floor, self.reused))
+            pixels = figure_pixels(position_figure(self.history, self.floor, self.reused, run_epochs(trainer)))
             add_png(writer, "figures/loss_by_position", pixels, step)
 
     def state_dict(self) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def similarities(outputs: list[torch.Tensor]) -> list[float]:
 
 
 class PositionSimilarity(ValidationProbe):
-    def __init__(self, num_sequences: int = 8):
+    def __init__(self, num_sequences: int = 4):
         """Log the similarity between positions after every block, at the start of training and after every epoch.
 
         The mean cosine similarity between the output vectors of different positions of a sequence, over the

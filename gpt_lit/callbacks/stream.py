@@ -7,15 +7,19 @@ from typing import Any
 import lightning as L
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
 from gpt_lit.callbacks.figures import (
     ReusedFigure,
     add_png,
     epoch_colour,
+    epoch_label,
     epochs_axes,
     figure_pixels,
     finish_epochs_axes,
+    last_epoch,
+    run_epochs,
 )
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
@@ -51,25 +55,31 @@ def sizes(record: BlockRecord) -> dict[str, Any]:
     }
 
 
-def stream_figure(history: list[dict[str, Any]], residual: bool, into: ReusedFigure | None = None) -> Figure:
-    """The stream's RMS against depth (0: the embeddings), one line per epoch so far (dark: the start)."""
+def stream_figure(
+    history: list[dict[str, Any]], residual: bool, into: ReusedFigure | None = None, last: int | None = None
+) -> Figure:
+    """The stream's RMS against depth (0: the embeddings), one line per epoch so far (coloured by ``epoch_colour`` up
+    to ``last``; dark: the start)."""
     fig, ax = epochs_axes(into=into)
-    for i, point in enumerate(history):
+    last = last_epoch(history, last)
+    for point in history:
         sizes = [point["embeddings"], *point["rms"]]
-        label = "start" if point["epoch"] == 0 else f"epoch {point['epoch'] - 1}"  # counted from 0, as the progress bar
-        ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=epoch_colour(i, len(history)), label=label)
+        colour, label = epoch_colour(point["epoch"], last), epoch_label(point["epoch"])
+        ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=colour, label=label)
     if history:
         depth = len(history[0]["rms"])
         ax.set_xticks(range(depth + 1), ["embed", *map(str, range(1, depth + 1))])
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter("{x:g}")  # "0.1", not "10^-1" or "1e-01": narrow enough for the axis label
+    ax.yaxis.set_minor_formatter(LogFormatter())  # minor ticks labelled only where the axis spans under a decade
     kind = "the residual stream" if residual else "the stream (no residuals: each block's output)"
     title, xlabel = f"Size of {kind} after each block", "after block (embed: the stream entering block 1)"
-    finish_epochs_axes(ax, xlabel, "RMS of the stream (log scale)", title, grid="both")
+    finish_epochs_axes(ax, xlabel, "RMS of the stream (log scale)", title, grid="both", epochs=(history, last))
     return fig
 
 
 class ResidualStream(ValidationProbe):
-    def __init__(self, num_sequences: int = 8):
+    def __init__(self, num_sequences: int = 4):
         """Log the size of the residual stream after each block, and how much each sub-layer writes into it.
 
         On the first ``num_sequences`` validation windows (a fixed batch), in eval mode without gradients, at
@@ -102,5 +112,5 @@ class ResidualStream(ValidationProbe):
         writer = tensorboard_writer(trainer)
         if writer is not None:
             residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
-            pixels = figure_pixels(stream_figure(self.history, residual, self.reused))
+            pixels = figure_pixels(stream_figure(self.history, residual, self.reused, run_epochs(trainer)))
             add_png(writer, "figures/stream_by_block", pixels, step)
