@@ -70,7 +70,7 @@ class LogitLens(ValidationProbe):
     at_start = False  # the head reads nothing useful before training
     with_targets = True
 
-    def __init__(self, num_sequences: int = 1):
+    def __init__(self, num_sequences: int = 2):
         """Log the validation loss of the stream after each block, read out through the final norm and the head.
 
         ``lens/block_1`` ... ``block_N``: the cross-entropy on the first ``num_sequences`` validation windows
