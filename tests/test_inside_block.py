@@ -145,7 +145,7 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure(
 
     epochs = [{"epoch": e, "step": 5 * e, "blocks": [9 - e, 8 - 2 * e, 7.5 - e], "losses": [9 - e / (p + 1) for p in
                range(16)], "embeddings": 0.7, "rms": [1 + e, 2 + e, 3 * e + 1], "train": 9 - e, "val": 9.5 - e}
-              for e in range(1, 4)]  # fmt: skip
+              for e in range(1, 6)]  # fmt: skip
     figures = {
         "losses": lambda n, into: loss_figure(epochs[:n], 6.3, True, into),
         "grad_norm": lambda n, into: grad_norm_figure([3.0 / n, 2.0 / n, 1.0], 5 * n, into),  # shrinking: new limits
@@ -154,10 +154,13 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure(
         "lens, 5 epochs": lambda n, into: lens_figure(epochs[:n], 6.3, into, last=5),  # the colour bar kept
         "position": lambda n, into: position_figure(epochs[:n], 6.3, into),
         "stream": lambda n, into: stream_figure(epochs[:n], n % 2 == 1, into),  # the title changes too
+        "stream, under a decade": lambda n, into: stream_figure(  # minor tick labels, wide ones, next to the y label
+            [{**e, "embeddings": 0.3, "rms": [0.31 + 0.01 * e["epoch"], 0.45, 0.6]} for e in epochs[:n]], True, into
+        ),
     }
     for name, draw in figures.items():
         reused = ReusedFigure()
-        for n in range(1, 4):
+        for n in range(1, 6):  # from the third on, the static texts are put back, not drawn
             again = figure_pixels(draw(n, reused))
             assert np.array_equal(again, figure_pixels(draw(n, None))), (name, n)
 
