@@ -73,10 +73,8 @@ def similarity_figure(
     """Similarity between positions against the block's depth, one line per epoch so far (dark: the start), coloured
     on the scale of ``epoch_colour`` up to ``last``."""
     fig, ax = epochs_axes(into=into)
-    last = last_epoch(history, last)
-    for point in history:
+    for point, colour, label in epoch_lines(history, last):
         blocks = list(range(1, len(point["blocks"]) + 1))
-        colour, label = epoch_colour(point["epoch"], last), epoch_label(point["epoch"])
         ax.plot(blocks, point["blocks"], "-o", markersize=4, color=colour, label=label)
     if history:
         ax.set_xticks(list(range(1, len(history[0]["blocks"]) + 1)))
@@ -193,6 +191,12 @@ def epoch_colour(epoch: int, last: int) -> tuple[float, ...]:
     return colormaps["viridis"](0.9 * epoch / max(last, 1))
 
 
+def epoch_lines(history: list[dict[str, Any]], last: int | None) -> list[tuple[dict[str, Any], tuple[float, ...], str]]:
+    """Each point of ``history`` with its line's colour (``epoch_colour`` up to ``last_epoch``) and name."""
+    end = last_epoch(history, last)
+    return [(point, epoch_colour(point["epoch"], end), epoch_label(point["epoch"])) for point in history]
+
+
 _COLOURBARS: WeakKeyDictionary[Figure, tuple[tuple[int, int, bool], Any]] = WeakKeyDictionary()  # fig: (scale, axes)
 
 
@@ -227,7 +231,8 @@ def finish_epochs_axes(
     epochs: tuple[list[dict[str, Any]], int] | None = None,
 ):
     """The unigram floor dotted (if given, named in a legend right of the axes), the labels, a light grid, and the
-    colour bar of the ``epochs`` (the history drawn and the scale's last epoch) right of the axes."""
+    colour bar of the ``epochs`` (the history drawn and the run's last epoch, as ``epoch_lines`` took them) right
+    of the axes."""
     if floor is not None:
         ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
         ax.legend(handles=ax.lines[-1:], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
@@ -237,7 +242,8 @@ def finish_epochs_axes(
     ax.grid(alpha=0.3, which=grid)
     if epochs is not None and epochs[0]:
         history, last = epochs
-        epoch_colourbar(ax.figure, min(point["epoch"] for point in history), last, floor is not None)
+        first = min(point["epoch"] for point in history)
+        epoch_colourbar(ax.figure, first, last_epoch(history, last), floor is not None)
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:
@@ -272,6 +278,11 @@ def figure_pixels(fig: Figure) -> np.ndarray:
     ``pixels``."""
     reused = _REUSED.get(fig)
     return reused.pixels() if reused is not None else figure_pixels_drawn(fig)
+
+
+def add_figure(writer: SummaryWriter, tag: str, fig: Figure, step: int) -> None:
+    """``fig``'s pixels (``figure_pixels``) into TensorBoard's Images tab as ``tag`` at ``step`` (``add_png``)."""
+    add_png(writer, tag, figure_pixels(fig), step)
 
 
 def figure_pixels_drawn(fig: Figure) -> np.ndarray:
@@ -326,7 +337,7 @@ class ChapterFigures(Callback):
 
     @staticmethod
     def _add(writer, tag: str, fig: Figure, step: int) -> None:
-        add_png(writer, tag, figure_pixels(fig), step)
+        add_figure(writer, tag, fig, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs}

@@ -8,17 +8,7 @@ import lightning as L
 import torch
 from matplotlib.figure import Figure
 
-from gpt_lit.callbacks.figures import (
-    ReusedFigure,
-    add_png,
-    epoch_colour,
-    epoch_label,
-    epochs_axes,
-    figure_pixels,
-    finish_epochs_axes,
-    last_epoch,
-    run_epochs,
-)
+from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
@@ -50,13 +40,11 @@ def read_out(model: GPT, outputs: list[torch.Tensor], y: torch.Tensor) -> list[f
 def lens_figure(
     history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None, last: int | None = None
 ) -> Figure:
-    """Lens loss against depth, one line per epoch so far (coloured by ``epoch_colour`` up to ``last``), the unigram
+    """Lens loss against depth, one line per epoch so far (coloured by ``epoch_lines`` up to ``last``), the unigram
     floor dotted."""
     fig, ax = epochs_axes(into=into)
-    last = last_epoch(history, last)
-    for point in history:
-        blocks, label = range(1, len(point["blocks"]) + 1), epoch_label(point["epoch"])
-        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=epoch_colour(point["epoch"], last), label=label)
+    for point, colour, label in epoch_lines(history, last):
+        ax.plot(range(1, len(point["blocks"]) + 1), point["blocks"], "-o", markersize=4, color=colour, label=label)
     if history:
         ax.set_xticks(range(1, len(history[0]["blocks"]) + 1))
     title = "Logit lens: the loss of the stream after each block, read out by the head"
@@ -104,5 +92,5 @@ class LogitLens(ValidationProbe):
         trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            pixels = figure_pixels(lens_figure(self.history, self.floor, self.reused, run_epochs(trainer)))
-            add_png(writer, "figures/lens_by_block", pixels, step)
+            fig = lens_figure(self.history, self.floor, self.reused, run_epochs(trainer))
+            add_figure(writer, "figures/lens_by_block", fig, step)

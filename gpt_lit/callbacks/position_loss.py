@@ -9,17 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from gpt_lit.callbacks.figures import (
-    ReusedFigure,
-    add_png,
-    epoch_colour,
-    epoch_label,
-    epochs_axes,
-    figure_pixels,
-    finish_epochs_axes,
-    last_epoch,
-    run_epochs,
-)
+from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 
@@ -44,15 +34,14 @@ def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
 def position_figure(
     history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None, last: int | None = None
 ) -> Figure:
-    """Validation loss against position (log scale), per epoch (coloured by ``epoch_colour`` up to ``last``): each
+    """Validation loss against position (log scale), per epoch (coloured by ``epoch_lines`` up to ``last``): each
     position faint, each octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
     fig, ax = epochs_axes(into=into)
-    last = last_epoch(history, last)
-    for point in history:
-        losses, colour = point["losses"], epoch_colour(point["epoch"], last)
+    for point, colour, label in epoch_lines(history, last):
+        losses = point["losses"]
         ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
         centres, means = octave_means(losses)
-        ax.plot(centres, means, "-o", color=colour, markersize=4, label=epoch_label(point["epoch"]))
+        ax.plot(centres, means, "-o", color=colour, markersize=4, label=label)
     ax.set_xscale("log", base=2)
     if history:
         n = len(history[0]["losses"])
@@ -101,8 +90,8 @@ class PositionLoss(Callback):
         trainer.logger.log_metrics(metrics, step=step)
         writer = tensorboard_writer(trainer)
         if writer is not None:
-            pixels = figure_pixels(position_figure(self.history, self.floor, self.reused, run_epochs(trainer)))
-            add_png(writer, "figures/loss_by_position", pixels, step)
+            fig = position_figure(self.history, self.floor, self.reused, run_epochs(trainer))
+            add_figure(writer, "figures/loss_by_position", fig, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}

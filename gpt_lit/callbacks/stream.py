@@ -10,17 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter
 
 from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
-from gpt_lit.callbacks.figures import (
-    ReusedFigure,
-    add_png,
-    epoch_colour,
-    epoch_label,
-    epochs_axes,
-    figure_pixels,
-    finish_epochs_axes,
-    last_epoch,
-    run_epochs,
-)
+from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.model import GPT
@@ -58,13 +48,11 @@ def sizes(record: BlockRecord) -> dict[str, Any]:
 def stream_figure(
     history: list[dict[str, Any]], residual: bool, into: ReusedFigure | None = None, last: int | None = None
 ) -> Figure:
-    """The stream's RMS against depth (0: the embeddings), one line per epoch so far (coloured by ``epoch_colour`` up
+    """The stream's RMS against depth (0: the embeddings), one line per epoch so far (coloured by ``epoch_lines`` up
     to ``last``; dark: the start)."""
     fig, ax = epochs_axes(into=into)
-    last = last_epoch(history, last)
-    for point in history:
+    for point, colour, label in epoch_lines(history, last):
         sizes = [point["embeddings"], *point["rms"]]
-        colour, label = epoch_colour(point["epoch"], last), epoch_label(point["epoch"])
         ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=colour, label=label)
     if history:
         depth = len(history[0]["rms"])
@@ -112,5 +100,5 @@ class ResidualStream(ValidationProbe):
         writer = tensorboard_writer(trainer)
         if writer is not None:
             residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
-            pixels = figure_pixels(stream_figure(self.history, residual, self.reused, run_epochs(trainer)))
-            add_png(writer, "figures/stream_by_block", pixels, step)
+            fig = stream_figure(self.history, residual, self.reused, run_epochs(trainer))
+            add_figure(writer, "figures/stream_by_block", fig, step)
