@@ -104,6 +104,32 @@ def head_token_losses(
     return total / len(h), losses
 
 
+@torch.no_grad()
+def vocab_blocked_token_losses(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block: int = 2048
+) -> torch.Tensor:
+    """Each row's cross-entropy ``-log softmax(h W^T)[t]``, (N,), from (N, C) rows, the (V, C) head and (N,) targets,
+    for evaluation; the vocabulary ``block`` columns at a time.
+
+    log sum_j exp(logit_j) is accumulated over the blocks with a running maximum (``top``) and sum of
+    exp(logit - top) (as flash attention's softmax does), and the target's logit is a dot product. One block's
+    logits (N x ``block``) stay in the CPU's caches where a chunk of whole rows does not: for the logit lens's
+    4 x 256 rows on a 2-core CPU, half the time of ``head_token_losses`` (whose log_softmax reads and writes each
+    row's 50,257 logits in memory three times). The same numbers as ``F.cross_entropy(..., reduction="none")`` up
+    to float rounding (tests check).
+    """
+    n = len(h)
+    top = torch.full((n,), -torch.inf, device=h.device)  # the largest logit so far, per row
+    total = torch.zeros(n, device=h.device)  # sum of exp(logit - top) so far, per row
+    for start in range(0, len(weight), block):
+        logits = (h @ weight[start : start + block].T).float()  # (N, block)
+        new_top = torch.maximum(top, logits.amax(dim=1))  # (N,)
+        total = total * torch.exp(top - new_top) + logits.sub_(new_top[:, None]).exp_().sum(dim=1)
+        top = new_top
+    target_logits = (h.float() * weight[targets].float()).sum(dim=1)  # (N,)
+    return top + total.log() - target_logits
+
+
 def keep_freed_memory() -> bool:
     """Keep freed memory in the process (glibc's malloc) instead of giving it back to the OS at once.
 

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
-from gpt_lit.ops import head_cross_entropy, token_losses
+from gpt_lit.ops import head_cross_entropy, token_losses, vocab_blocked_token_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -117,6 +117,18 @@ def test_head_cross_entropy_is_exact_where_the_target_probability_underflows():
     for host_check in (True, False):
         got = token_losses(logits, logits.softmax(-1), t, host_check)
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [7, 64, 300, 1000])  # blocks that do not divide 300, divide it, are it, exceed it
+def test_vocab_blocked_token_losses_equal_cross_entropy_per_token(block):
+    # The logit lens's read-out: the logsumexp accumulated block by block. Some rows' logits span hundreds of
+    # nats (the running maximum must rescale what was summed before a larger logit came).
+    torch.manual_seed(0)
+    h, w, t = torch.randn(40, 32), torch.randn(300, 32), torch.randint(0, 300, (40,))
+    h[::3] *= 30
+    expected = F.cross_entropy(F.linear(h, w), t, reduction="none")
+    assert expected.max() > 100  # far rows are there
+    torch.testing.assert_close(vocab_blocked_token_losses(h, w, t, block), expected, rtol=1e-5, atol=1e-4)
 
 
 def test_lightning_fp32_losses_equal_the_plain_pytorch_loop():

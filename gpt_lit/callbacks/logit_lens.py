@@ -14,7 +14,7 @@ from gpt_lit.callbacks.similarity import block_outputs
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
 from gpt_lit.model import GPT
-from gpt_lit.ops import head_cross_entropy
+from gpt_lit.ops import vocab_blocked_token_losses
 
 
 @torch.no_grad()
@@ -22,19 +22,18 @@ def lens_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """Cross-entropy against the targets ``y`` of ``head(final_norm(stream after block i))``, for i = 1 .. n_layers.
 
     x, y: (B, T) token IDs and next tokens. One pass through the blocks (``block_outputs``), in whatever mode the
-    model is in; the head runs in chunks of rows (``head_cross_entropy``). The last value is the model's own loss
-    on (x, y).
+    model is in. The last value is the model's own loss on (x, y).
     """
     return read_out(model, block_outputs(model, x), y)
 
 
 @torch.no_grad()
 def read_out(model: GPT, outputs: list[torch.Tensor], y: torch.Tensor) -> list[float]:
-    """``lens_losses`` from the stream after each block, (B, T, emb_dim) each, and the targets ``y`` (B, T)."""
-    targets = y.flatten()
-    return [
-        head_cross_entropy(model.final_norm(out).flatten(0, 1), model.head.weight, targets).item() for out in outputs
-    ]
+    """``lens_losses`` from the stream after each block, (B, T, emb_dim) each, and the targets ``y`` (B, T): every
+    depth's rows through the final norm, then through the head together (``vocab_blocked_token_losses``)."""
+    streams = torch.cat([model.final_norm(out).flatten(0, 1) for out in outputs])  # (n_layers * B * T, emb_dim)
+    losses = vocab_blocked_token_losses(streams, model.head.weight, y.flatten().repeat(len(outputs)))
+    return losses.view(len(outputs), -1).mean(dim=1).tolist()  # each depth's mean over its B * T tokens
 
 
 def lens_figure(
