@@ -152,6 +152,9 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure(
         "similarity": lambda n, into: similarity_figure([{**e, "blocks": [0.2, 0.5, 0.9]} for e in epochs[:n]], into),
         "lens": lambda n, into: lens_figure(epochs[:n], 6.3, into),
         "lens, 5 epochs": lambda n, into: lens_figure(epochs[:n], 6.3, into, last=5),  # the colour bar kept
+        "lens, a new x axis": lambda n, into: lens_figure(  # one more depth at 3: saved again at 4, put back at 5
+            [{**e, "blocks": e["blocks"] + [7.0] * (n >= 3)} for e in epochs[:n]], 6.3, into, last=5
+        ),
         "position": lambda n, into: position_figure(epochs[:n], 6.3, into),
         "stream": lambda n, into: stream_figure(epochs[:n], n % 2 == 1, into),  # the title changes too
         "stream, under a decade": lambda n, into: stream_figure(  # minor tick labels, wide ones, next to the y label

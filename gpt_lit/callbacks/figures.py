@@ -100,15 +100,17 @@ class ReusedFigure:
     texts on a new canvas, was a third to half of its time.
 
     Its parts that stay the same from epoch to epoch (the title, the legend right of the axes, the colour bar:
-    ``static``), about a quarter of a draw, are drawn once: ``pixels`` puts the saved picture of them back (matplotlib's
-    blitting: ``copy_from_bbox``, ``restore_region``) and draws the axes' contents over it (``draw_artist``),
+    ``static``; and the x axis with the axes' background where the axis shows the same, as the depth axes do:
+    ``x_axis``), up to half of a draw, are drawn once: ``pixels`` puts the saved picture of them back (matplotlib's
+    blitting: ``copy_from_bbox``, ``restore_region``) and draws the rest of the axes over it (``draw_artist``),
     whenever they are as when saved. The pixels equal a new figure's (tests check)."""
 
     def __init__(self) -> None:
         self.fig: Figure | None = None
         self.ax: Any = None
-        self.drawn: tuple | None = None  # the static texts of the last full draw
-        self.background: Any = None  # the saved picture of the static texts, for ``drawn``
+        self.drawn: tuple | None = None  # the static parts (``key``) of the last full draw
+        self.background: Any = None  # the saved picture of the static parts
+        self.saved: tuple | None = None  # what they showed (``key``) when saved
 
     def axes(self, legend: bool) -> tuple[Figure, Any]:
         if self.fig is None:
@@ -138,14 +140,30 @@ class ReusedFigure:
         static = self.static()
         texts = [static[0].get_text()] + [t.get_text() for legend in static[1:] for t in legend.texts]
         colourbar = _COLOURBARS.get(self.fig)
-        return (*texts, len(static), colourbar[0] if colourbar else None, len(self.fig.axes))
+        return (*texts, len(static), colourbar[0] if colourbar else None, len(self.fig.axes), self.x_axis())
+
+    def x_axis(self) -> tuple | None:
+        """What the x axis will show (limits, scale, ticks and their labels, its label), or None where another
+        artist of the axes is drawn before it (a lower zorder), so it cannot be put back with the background.
+
+        The x axis (its ticks, labels and vertical grid lines) is drawn right after the axes' background and
+        before everything else of the axes (``Axes.draw`` sorts by zorder: the axes at 1.5, lines at 2), and its
+        pixels depend on the x limits alone; the y axis that follows is drawn over it in either case."""
+        ax, axis = self.ax, self.ax.xaxis
+        below = [a for a in ax.get_children() if a not in (ax.patch, axis, ax.yaxis) and a.get_zorder() <= axis.get_zorder()]
+        if any(a.get_visible() for a in below) or not axis.get_visible():
+            return None
+        major, minor = axis.get_majorticklocs(), axis.get_minorticklocs()
+        labels = (tuple(axis.major.formatter.format_ticks(major)), tuple(axis.minor.formatter.format_ticks(minor)))
+        return (ax.get_xlim(), ax.get_xscale(), tuple(major), tuple(minor), labels, axis.label.get_text())
 
     def pixels(self) -> np.ndarray:
         """The figure as a full draw would give it, (height, width, 3) uint8 RGB."""
         canvas, key = self.fig.canvas, self.key()
-        if self.background is not None and key == self.drawn:
+        axis = [self.ax.patch, self.ax.xaxis] if key[-1] is not None else []  # drawn first, in this order
+        if self.background is not None and key == self.saved:
             canvas.restore_region(self.background)
-            static = self.static()
+            static = self.static() + axis
             for artist in static:
                 artist.set_visible(False)
             try:
@@ -155,13 +173,13 @@ class ReusedFigure:
                     artist.set_visible(True)
             return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
         pixels = figure_pixels_drawn(self.fig)
-        if key == self.drawn:  # the same static texts twice in a row: save them for the epochs to come
+        if key == self.drawn:  # the same static parts twice in a row: save them for the epochs to come
             self.ax.set_visible(False)
             canvas.draw()  # the figure's background and the other axes (the colour bar)
             self.ax.set_visible(True)
-            for artist in self.static():
+            for artist in self.static() + axis:
                 self.fig.draw_artist(artist)
-            self.background = canvas.copy_from_bbox(self.fig.bbox)
+            self.background, self.saved = canvas.copy_from_bbox(self.fig.bbox), key
         self.drawn = key
         return pixels
 
