@@ -150,8 +150,8 @@ class ReusedFigure:
         before everything else of the axes (``Axes.draw`` sorts by zorder: the axes at 1.5, lines at 2), and its
         pixels depend on the x limits alone; the y axis that follows is drawn over it in either case."""
         ax, axis = self.ax, self.ax.xaxis
-        below = [a for a in ax.get_children() if a not in (ax.patch, axis, ax.yaxis) and a.get_zorder() <= axis.get_zorder()]
-        if any(a.get_visible() for a in below) or not axis.get_visible():
+        others = [a for a in ax.get_children() if a not in (ax.patch, axis, ax.yaxis)]
+        if any(a.get_visible() and a.get_zorder() <= axis.get_zorder() for a in others) or not axis.get_visible():
             return None
         major, minor = axis.get_majorticklocs(), axis.get_minorticklocs()
         labels = (tuple(axis.major.formatter.format_ticks(major)), tuple(axis.minor.formatter.format_ticks(minor)))
