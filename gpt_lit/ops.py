@@ -1,7 +1,8 @@
 """Speed-ups outside the model's math: the output head fused with the cross-entropy, and CPU memory reuse.
 
 Neither changes a number beyond float rounding; ``GPTLightning`` switches them with ``fused_loss`` and
-``keep_cpu_memory``, and ``tests/test_bench.py`` checks them against the plain computation.
+``keep_cpu_memory``, and ``tests/test_bench.py`` checks them against the plain computation. The logit lens
+reads its depths through the head with ``vocab_blocked_token_losses``, checked there too.
 """
 
 from __future__ import annotations

@@ -18,14 +18,16 @@ from gpt_lit.module import GPTLightning
 
 
 class Norms(Callback):
-    """What BlockGradNorms logged at each step (``trainer.callback_metrics`` keeps only the last)."""
+    """What BlockGradNorms measured at each step (its ``latest`` keeps only the last)."""
 
     def __init__(self):
         self.steps: list[list[float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        metrics = trainer.callback_metrics
-        self.steps.append([metrics[f"grad_norm/block_{i}"].item() for i in (1, 2)])
+        [grads] = [cb for cb in trainer.callbacks if isinstance(cb, BlockGradNorms)]
+        step, norms = grads.latest
+        assert step == trainer.global_step - 1  # this batch's optimizer step
+        self.steps.append(norms)
 
 
 def fit(steps: int, **trainer_kwargs) -> tuple[GPTLightning, Norms]:

@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
+from gpt_lit.callbacks.grad_norms import BlockGradNorms
 from gpt_lit.callbacks.similarity import PositionSimilarity
 from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
 from gpt_lit.callbacks.unigram import unigram_entropy
@@ -343,10 +344,9 @@ class ChapterFigures(Callback):
                             "val": value("loss/val")})  # fmt: skip
         residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
         self._add(writer, "figures/losses", loss_figure(self.epochs, self.floor, residual, self.reused["losses"]), step)
-        n_layers = len(pl_module.model.blocks)
-        norms = [value(f"grad_norm/block_{i}") for i in range(1, n_layers + 1)]
-        if all(v is not None for v in norms):
-            fig = grad_norm_figure(norms, step, self.reused["grad_norm_by_block"])
+        grads = next((cb for cb in trainer.callbacks if isinstance(cb, BlockGradNorms)), None)
+        if grads is not None and grads.latest is not None:
+            fig = grad_norm_figure(grads.latest[1], grads.latest[0], self.reused["grad_norm_by_block"])
             self._add(writer, "figures/grad_norm_by_block", fig, step)
         history = next((cb.history for cb in trainer.callbacks if isinstance(cb, PositionSimilarity)), [])
         if history:
