@@ -319,3 +319,36 @@ def test_the_hparams_tab_holds_the_runs_settings_and_its_final_losses(run):
     assert end.status == api_pb2.STATUS_SUCCESS
     # The table shows each metric's last scalar: for loss/val_best, the lowest validation loss.
     assert values(events, "loss/val_best") == pytest.approx([min(values(events, "loss/val")[: i + 1]) for i in (0, 1)])
+
+
+def test_event_records_checksummed_in_c_are_what_tensorboards_reader_checks(tmp_path, monkeypatch):
+    """The diagnostics' writer checksums its records with google-crc32c (``use_c_checksums``); TensorBoard's own
+    reader recomputes every record's two checksums with its pure-Python CRC32C and refuses a record that differs."""
+    import random
+
+    import numpy as np
+    from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+    from tensorboard.summary.writer import record_writer
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gpt_lit.callbacks.figures import add_png
+    from gpt_lit.event_checksums import masked_crc32c, use_c_checksums
+
+    rng = random.Random(0)
+    for data in (b"", b"123456789", bytes(rng.getrandbits(8) for _ in range(5000))):
+        assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+    monkeypatch.setattr(record_writer, "masked_crc32c", record_writer.masked_crc32c)  # put back after the test
+    use_c_checksums()
+    assert record_writer.masked_crc32c is masked_crc32c  # the writer's checksums are the C ones now
+    writer = SummaryWriter(str(tmp_path))
+    noise = np.random.default_rng(0).integers(0, 256, size=(200, 300, 3), dtype=np.uint8)  # a 180 KB record
+    add_png(writer, "figures/x", noise, step=3)
+    writer.add_scalar("loss/x", 1.5, 3)
+    writer.close()
+    [path] = tmp_path.glob("events.out.tfevents.*")
+    reader, records = pywrap_tensorflow.PyRecordReader_New(str(path)), 0
+    with pytest.raises(errors.OutOfRangeError):  # the end of the file, after every record passed both checks
+        while True:
+            reader.GetNext()
+            records += 1
+    assert records == 3  # the file's version record, the image, the scalar

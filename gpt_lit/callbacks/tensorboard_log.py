@@ -8,6 +8,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit import distributed
+from gpt_lit.event_checksums import use_c_checksums
 
 
 def epoch_end_step(trainer: L.Trainer) -> int:
@@ -28,11 +29,15 @@ def is_fresh_start(trainer: L.Trainer) -> bool:
 
 
 def tensorboard_writer(trainer: L.Trainer) -> SummaryWriter | None:
-    """The run's TensorBoard ``SummaryWriter`` on the main process; None elsewhere or without a TensorBoardLogger."""
+    """The run's TensorBoard ``SummaryWriter`` on the main process; None elsewhere or without a TensorBoardLogger.
+
+    Its records are checksummed in C from here on (``use_c_checksums``): the images the diagnostics write would
+    otherwise be checksummed in pure Python, slowing the diagnostics that run meanwhile."""
     if not trainer.is_global_zero or trainer.sanity_checking:
         return None
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
+            use_c_checksums()
             return logger.experiment
     return None
 
