@@ -352,3 +352,17 @@ def test_event_records_checksummed_in_c_are_what_tensorboards_reader_checks(tmp_
             reader.GetNext()
             records += 1
     assert records == 3  # the file's version record, the image, the scalar
+
+
+@pytest.mark.parametrize("norms", [[0.26, 0.15, 0.12, 0.115], [0.01, 0.05, 0.3, 0.9], [0.4, 0.4, 0.4, 0.4]])
+def test_the_grad_norm_figures_step_label_covers_no_point(norms):
+    """The label "training step N" sits in the axes' top left, where block 1's norm is when it is the largest."""
+    from gpt_lit.callbacks.figures import figure_pixels, grad_norm_figure
+
+    fig = grad_norm_figure(norms, 189)
+    figure_pixels(fig)  # a draw: the texts laid out
+    ax = fig.axes[0]
+    [label] = ax.texts
+    box = label.get_window_extent().padded(5)  # and a marker's radius (markersize 6 points: 4 pixels)
+    for x, y in ax.transData.transform(list(zip(range(1, len(norms) + 1), norms, strict=True))):
+        assert not box.contains(x, y), (norms, x, y)

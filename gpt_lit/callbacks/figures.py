@@ -59,7 +59,7 @@ def grad_norm_figure(norms: list[float], step: int, into: ReusedFigure | None = 
     blocks = list(range(1, len(norms) + 1))
     ax.plot(blocks, norms, "-o", color="tab:green")
     ax.set_xticks(blocks)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.2 * max(max(norms), 1e-12))  # headroom: the step's label, top left, stays clear of the points
     ax.set_xlabel("block")
     ax.set_ylabel("gradient norm (L2) of ffn.fc.weight")
     ax.set_title("Gradient norm of each block at the latest logged training step", **TITLE)  # the same each epoch
