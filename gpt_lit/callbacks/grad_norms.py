@@ -49,7 +49,7 @@ class BlockGradNorms(Callback):
         if any(g is None for g in grads):
             return
         norms = torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]).tolist()  # blocks 1 .. N
-        step = trainer.global_step
+        step, metrics = trainer.global_step, {f"grad_norm/block_{i}": n for i, n in enumerate(norms, 1)}
         for logger in trainer.loggers:
-            logger.log_metrics({f"grad_norm/block_{i}": n for i, n in enumerate(norms, 1)}, step=step)
+            logger.log_metrics(metrics, step=step)
         self.latest = (step, norms)
