@@ -8,6 +8,7 @@ import shlex
 import signal
 import warnings
 
+import pytest
 import torch
 from conftest import REPO, TINY
 from lightning.pytorch.callbacks import Callback
@@ -65,3 +66,67 @@ def test_ctrl_c_then_the_printed_command_then_test_and_predict_use_the_final_wei
         main(["test", *RUN, *logs, "--ckpt_path", "best"])
     assert (run / "test" / "last").is_dir() and (run / "test" / "best-epoch02").is_dir()
     assert not [w for w in said if "dirpath has changed" in str(w.message)]
+
+
+# -- last.ckpt is a state Lightning resumes exactly, whatever the schedule (issue 29's table) -----------------------
+
+SCHEDULE_RUN = [
+    "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.eval_train", "false",
+    "--data.eval_batch_size", "8", "--trainer.limit_val_batches", "1",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]  # fmt: skip
+
+
+class SigtermAt(Callback):
+    """Send this process SIGTERM (as a scheduler does) in the middle of training step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.step:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def train_steps(run) -> dict[str, list[tuple[int, float]]]:
+    from test_fault_matrix import logged
+
+    return {tag: values for (plugin, tag), values in logged(run).items() if plugin == "scalars"}
+
+
+def test_max_steps_mid_epoch_then_more_steps_trains_on_the_rest_of_that_epoch(tmp_path):
+    # 3 batches an epoch; max_steps 4 ends fit after epoch 1's first batch; resumed with max_steps 6.
+    args = [*SCHEDULE_RUN, "--trainer.max_epochs", "-1", "--trainer.limit_train_batches", "3"]
+    main(["fit", *args, "--trainer.max_steps", "6", "--trainer.logger.init_args.save_dir", str(tmp_path / "one")])
+    logs = ["--trainer.logger.init_args.save_dir", str(tmp_path / "two")]
+    main(["fit", *args, "--trainer.max_steps", "4", *logs])
+    run = tmp_path / "two" / "residual" / "version_0"
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 4
+    main(["fit", *args, "--trainer.max_steps", "6", *logs, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+          "--trainer.logger.init_args.version", "0"])  # fmt: skip
+    want, got = train_steps(tmp_path / "one" / "residual" / "version_0"), train_steps(run)
+    for tag in ("loss/train_step", "loss/val"):
+        assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-5), tag
+
+
+def test_sigterm_before_a_validation_every_n_steps_across_epochs_keeps_that_validation(tmp_path, capsys):
+    # Validation every 4 steps counted across epochs of 6: after steps 3, 7 and 11 (loss/val's steps). SIGTERM in
+    # epoch 1's second step (step 7, a validation follows it): saved after step 8, with step 7's validation done.
+    args = [*SCHEDULE_RUN, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "6",
+            "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", "4"]  # fmt: skip
+    main(["fit", *args, "--trainer.logger.init_args.save_dir", str(tmp_path / "one")])
+    logs = ["--trainer.logger.init_args.save_dir", str(tmp_path / "two")]
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args, *logs], extra_callbacks=[SigtermAt(step=7)])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 143 and "resume with: " in line, line
+    run = tmp_path / "two" / "residual" / "version_0"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 9
+    main(shlex.split(line.split("resume with: ")[1])[3:])
+    want, got = train_steps(tmp_path / "one" / "residual" / "version_0"), train_steps(run)
+    assert [s for s, _ in want["loss/val"]] == [3, 7, 11]
+    for tag in ("loss/train_step", "loss/val"):
+        assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-5), tag

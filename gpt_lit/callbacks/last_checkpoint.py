@@ -116,40 +116,77 @@ class LastCheckpoint(Checkpoint):
 
     # -- when -------------------------------------------------------------------------------------------------
 
-    def _exact_after_step(self, trainer: L.Trainer, batch_idx: int) -> bool:
-        """Whether the state after this training step is exact: the step stepped, and no evaluation comes next."""
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            return False  # the epoch's evaluation and end come next
-        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+    @staticmethod
+    def _epoch_ran_out(trainer: L.Trainer) -> bool:
+        """Whether the epoch under way has had its last batch (not cut short by ``max_steps`` or a stop)."""
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+
+    @staticmethod
+    def _validates_next(trainer: L.Trainer) -> bool:
+        """Whether Lightning runs a validation right after the training step that just ended, read from its own
+        counters: ``val_check_batch`` counts the epoch's batches (``batch_idx``), or all batches
+        (``total_batch_idx``) when ``check_val_every_n_epoch`` is None; the last batch of an epoch is checked by
+        the caller. A time-based interval (``val_check_batch`` not a number of batches) validates at wall-clock
+        moments no resume can repeat: the state after a step is then taken as exact for training."""
+        every_n_epochs = trainer.check_val_every_n_epoch
+        if not trainer.enable_validation:
             return False
-        if 0 <= trainer.max_steps <= trainer.global_step:
-            return False  # fit ends here: saved at the epoch's end
+        if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs:
+            return False
         every = trainer.val_check_batch
-        return not (isinstance(every, int) and trainer.enable_validation and (batch_idx + 1) % every == 0)
+        if not isinstance(every, int):
+            return False
+        loop = trainer.fit_loop.epoch_loop
+        done = loop.total_batch_idx if every_n_epochs is None else loop.batch_idx
+        return (done + 1) % every == 0
+
+    def _exact_after_step(self, trainer: L.Trainer) -> bool:
+        """Whether the state after this training step is exact: the step stepped, no evaluation comes next, and
+        the epoch goes on (its end saves ``last.ckpt`` after the epoch's evaluation). ``max_steps`` reached
+        mid-epoch ends fit here: this state is the run's last exact one (Lightning resumes it mid-epoch; the
+        end-of-epoch hooks that follow run for an epoch cut short, from which a resume would start the next epoch).
+        ``EarlyStopping`` or ``Timer`` asking to stop make Lightning validate once more and end the epoch: the state
+        before that validation is the last exact one; a resume goes on training from it."""
+        loop = trainer.fit_loop.epoch_loop
+        if self._epoch_ran_out(trainer):
+            return False  # the epoch's evaluation and end come next
+        if loop.batch_progress.current.ready % trainer.accumulate_grad_batches:
+            return False  # gradients accumulated, not yet stepped
+        return trainer.should_stop or not self._validates_next(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if not self._saving:
             self._others_saved_at = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if self._stopping or not self._exact_after_step(trainer, batch_idx):
+        if self._stopping or not self._exact_after_step(trainer):
             return
         stop = self._agreed(trainer)
-        if stop or self._others_saved_at == trainer.global_step:
+        ends = 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop  # fit ends in this epoch
+        if stop or ends or self._others_saved_at == trainer.global_step:
             self.save(trainer)
         if stop:
             self._stop(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end.
-        if self._stopping:
-            return
+        if self._stopping or not self._epoch_ran_out(trainer):
+            return  # an epoch cut short: saved after its last step, from which Lightning resumes it exactly
         self.save(trainer)
         if self._agreed(trainer):
             self._stop(trainer)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # max_steps reached at a step a validation follows, mid-epoch: the state after that validation is exact
+        # (Lightning resumes it without validating again) and the last before fit ends.
+        if trainer.sanity_checking or self._stopping or self._epoch_ran_out(trainer):
+            return
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            self.save(trainer)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.saved_step != trainer.global_step:
+        if self.saved_step != trainer.global_step and self._epoch_ran_out(trainer):
             self.save(trainer)
 
     def save(self, trainer: L.Trainer) -> None:
