@@ -32,6 +32,24 @@ from gpt_lit.errors import GptLitError
 NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # disk full, file size limit, quota
 
 
+def read_umask() -> int:
+    """The process's umask, read once at import (``UMASK``), never at save time: outside Linux's /proc, reading
+    it means setting it for a moment, and another thread (an AsyncCheckpointIO save, a DataLoader thread)
+    creating a file in that moment would get that mode."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+UMASK = read_umask()
+
+
 class NoRoomError(GptLitError):
     """A checkpoint did not fit on the disk (or under a size limit or quota); the previous one is whole."""
 
@@ -55,9 +73,7 @@ def write_atomically(data: memoryview, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
         try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a checkpoint has the usual mode
+            os.fchmod(fd, 0o666 & ~UMASK)  # mkstemp makes the file private; a checkpoint has the usual mode
             while data:
                 data = data[os.write(fd, data[: 1 << 26]) :]
             os.fsync(fd)
@@ -156,9 +172,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             )
             if several_processes():
                 # Only process 0 writes; the others wait for it in the save's barrier, and an error raised here alone
-                # would leave them waiting. LastCheckpoint raises it on every process after its next save.
+                # would leave them waiting. LastCheckpoint raises it on every process at its next save; until then
+                # no checkpoint is removed (remove_checkpoint), as the one that failed did not take its place.
                 self.failed = self.failed or error
                 return
             raise error from None
         self.bytes_written += len(data)
         self.saved_last = (path, step)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """Remove ``path``, unless a save failed since: a ModelCheckpoint removes its previous best or top-k
+        file after saving the new one, and under several processes a failed save does not raise at once (see
+        ``failed``); the file it would have replaced stays."""
+        if self.failed is None:
+            super().remove_checkpoint(path)

@@ -199,15 +199,16 @@ class GPTLitCLI(LightningCLI):
             sys.exit(143 if by == "SIGTERM" else 130)
 
     def _how_to_resume(self) -> str:
-        saved = [cb.saved_path for cb in self.trainer.callbacks if isinstance(cb, LastCheckpoint)]
-        saved = [path for path in saved if path]
-        if not saved:
+        # From what LastCheckpoint read at setup: trainer.log_dir is a broadcast, and after a stop another process
+        # may have ended already.
+        last = next((cb for cb in self.trainer.callbacks if isinstance(cb, LastCheckpoint)), None)
+        if last is None or not last.saved_path:
             return "; no checkpoint was saved yet: start it again"
-        config = os.path.join(self.trainer.log_dir or "", "config.yaml")
+        config = os.path.join(last.log_dir or "", "config.yaml")
         command = "python -m gpt_lit fit" + (f" --config {config}" if os.path.isfile(config) else " <same arguments>")
-        command += f" --ckpt_path {saved[0]}"
+        command += f" --ckpt_path {last.saved_path}"
         if isinstance(self.trainer.logger, TensorBoardLogger):  # continue in the same TensorBoard run
-            command += f" --trainer.logger.init_args.version {self.trainer.logger.version}"
+            command += f" --trainer.logger.init_args.version {last.logger_version}"
         return f"; resume with: {command}"
 
 

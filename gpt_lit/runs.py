@@ -70,8 +70,16 @@ def latest_checkpoint(folder: Path | None, which: str, trust: bool = False) -> s
         )
     if which == "last":
         return str(last)
-    states = read_checkpoint(str(last), trust)[0].get("callbacks", {}).values()
-    best = [s["best_model_path"] for s in states if isinstance(s, dict) and s.get("best_model_path")]
+    states = read_checkpoint(str(last), trust)[0].get("callbacks", {})
+    # The best file is the one of the ModelCheckpoint that has a monitor (one without keeps its latest files).
+    ranked = {k: s for k, s in states.items() if isinstance(s, dict) and s.get("monitor") and "best_model_path" in s}
+    if len(ranked) > 1:
+        files = "; ".join(f"{key}: {s['best_model_path'] or 'none yet'}" for key, s in ranked.items())
+        raise GptLitError(
+            f"--ckpt_path best: the newest run, {run}, has {len(ranked)} ModelCheckpoints with a monitor, each with "
+            f"its own best ({files}); give the one you want as --ckpt_path <its path>"
+        )
+    best = [s["best_model_path"] for s in ranked.values() if s["best_model_path"]]
     if not best or not (last.parent / Path(best[0]).name).is_file():
         raise GptLitError(
             f"--ckpt_path best: the newest run, {run}, keeps no best checkpoint (its config has no "

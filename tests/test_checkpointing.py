@@ -52,9 +52,13 @@ def test_last_is_the_final_state_whatever_model_checkpoints_the_config_lists(tmp
     assert len([n for n in names if n.startswith("step")]) == 2
     assert loops(ckpts / "last.ckpt") == (6, 3)  # all 3 x 2 steps, and the last epoch's end
     assert loops(ckpts / "best-epoch00.ckpt")[0] == 2
-    # --ckpt_path best is the best file, last is last.ckpt (the newest run: version_0 only here)
-    assert latest_checkpoint(tmp_path / "residual", "best") == str(ckpts / "best-epoch00.ckpt")
+    # --ckpt_path last is last.ckpt (the newest run: version_0 only here); best is ambiguous with two monitors
     assert latest_checkpoint(tmp_path / "residual", "last") == str(ckpts / "last.ckpt")
+    with pytest.raises(GptLitError) as ambiguous:
+        latest_checkpoint(tmp_path / "residual", "best")
+    message = str(ambiguous.value)
+    assert "has 2 ModelCheckpoints with a monitor" in message and "give the one you want as --ckpt_path" in message
+    assert str(ckpts / "best-epoch00.ckpt") in message and str(ckpts / "stepstep=6.ckpt") in message
 
 
 def test_a_config_without_a_model_checkpoint_still_saves_last(tmp_path):
@@ -66,6 +70,87 @@ def test_a_config_without_a_model_checkpoint_still_saves_last(tmp_path):
     ckpts = tmp_path / "residual" / "version_0" / "checkpoints"
     assert [p.name for p in ckpts.iterdir()] == ["last.ckpt"]
     assert loops(ckpts / "last.ckpt") == (2, 1)
+
+
+def test_ckpt_path_best_is_the_file_of_the_model_checkpoint_with_a_monitor(tmp_path):
+    # A periodic ModelCheckpoint without a monitor (every epoch, all kept), listed before the shipped best-epoch one:
+    # its files are the newest, and its state has a best_model_path too (the newest file it saved).
+    periodic = {"class_path": "ModelCheckpoint", "init_args": {"every_n_epochs": 1, "save_top_k": -1}}
+    text = (REPO / "configs/residual.yaml").read_text()
+    at = text.index("    - class_path: lightning.pytorch.callbacks.ModelCheckpoint")
+    config = tmp_path / "mine.yaml"
+    config.write_text(text[:at] + f"    - {json.dumps(periodic)}\n" + text[at:])
+    args = ["--config", str(config), *RUN, "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    fit = main(["fit", *args, "--trainer.max_epochs", "2", "--model.lr", "0.05"])
+    [monitored] = [cb for cb in fit.trainer.checkpoint_callbacks if getattr(cb, "monitor", None)]
+    validate = main(["validate", *args, "--ckpt_path", "best"])
+    assert validate.trainer.ckpt_path == monitored.best_model_path
+    loss = validate.trainer.callback_metrics["loss/val"].item()
+    assert loss == pytest.approx(monitored.best_model_score.item(), abs=1e-5)
+
+
+def test_last_lies_beside_the_runs_other_checkpoints_wherever_they_go(tmp_path):
+    # TensorBoard's sub_dir moves its events, not Lightning's checkpoints folder.
+    logs = ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.limit_train_batches", "1"]
+    main(["fit", "--config", "residual.yaml", *RUN, *logs, "--trainer.max_epochs", "1",
+          "--trainer.logger.init_args.sub_dir", "events"])  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "residual/version_0/checkpoints").iterdir()) == [
+        "best-epoch00.ckpt", "last.ckpt"]  # fmt: skip
+    # The ModelCheckpoint's own dirpath.
+    elsewhere = tmp_path / "elsewhere"
+    config = tmp_path / "mine.yaml"
+    shipped = (REPO / "configs/residual.yaml").read_text()
+    config.write_text(shipped.replace("mode: min", f"mode: min\n        dirpath: {elsewhere}"))
+    main(["fit", "--config", str(config), *RUN, *logs, "--trainer.max_epochs", "1"])
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]
+    assert not (tmp_path / "residual/version_1/checkpoints").exists()
+
+
+NO_FOLDER_LOGGER = """
+from lightning.pytorch.loggers import Logger
+
+class NoFolder(Logger):
+    \"\"\"A logger with no folder of its own (as W&B's or MLflow's): a save_dir, a name, a version per run.\"\"\"
+    def __init__(self, save_dir: str, version: str):
+        super().__init__()
+        self._save_dir, self._version = save_dir, version
+    name = property(lambda self: "runs")
+    version = property(lambda self: self._version)
+    save_dir = property(lambda self: self._save_dir)
+    def log_metrics(self, metrics, step=None):
+        pass
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+"""
+
+
+def test_a_logger_without_a_folder_of_its_own_gives_each_run_its_last_checkpoint(tmp_path, monkeypatch):
+    (tmp_path / "no_folder.py").write_text(NO_FOLDER_LOGGER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (REPO / "configs/residual.yaml").read_text()
+    config = tmp_path / "mine.yaml"
+    config.write_text(text[: text.index("    - class_path: lightning.pytorch.callbacks.ModelCheckpoint")])
+    for version in ("run-a", "run-b"):
+        logger = {"class_path": "no_folder.NoFolder", "init_args": {"save_dir": str(tmp_path), "version": version}}
+        main(["fit", "--config", str(config), *RUN, "--trainer.max_epochs", "1", "--trainer.limit_train_batches",
+              str(1 if version == "run-a" else 2), "--trainer.logger", json.dumps(logger)])  # fmt: skip
+    assert loops(tmp_path / "runs/run-a/checkpoints/last.ckpt") == (1, 1)
+    assert loops(tmp_path / "runs/run-b/checkpoints/last.ckpt") == (2, 1)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_saving_changes_no_process_wide_umask(tmp_path, monkeypatch):
+    # While os.umask(0) is in effect, a file another thread creates (an AsyncCheckpointIO save, a DataLoader
+    # thread) would be world-writable: saving must not set the umask at all.
+    def no_umask(mask):
+        raise AssertionError("os.umask called while saving")
+
+    monkeypatch.setattr(os, "umask", no_umask)
+    AtomicCheckpointIO().save_checkpoint({"w": torch.ones(10)}, tmp_path / "last.ckpt")
+    monkeypatch.undo()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "last.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 # -- the atomic write ----------------------------------------------------------------------------------------
@@ -138,7 +223,8 @@ def fake_run(runs: Path, version: str, best: str | None = None) -> Path:
     """A run folder with a last.ckpt (and a best file named in it, as ModelCheckpoint's state does)."""
     ckpts = runs / version / "checkpoints"
     ckpts.mkdir(parents=True)
-    callbacks = {"ModelCheckpoint{'monitor': 'loss/val'}": {"best_model_path": str(ckpts / best)}} if best else {}
+    state = {"monitor": "loss/val", "best_model_path": str(ckpts / best) if best else ""}
+    callbacks = {"ModelCheckpoint{'monitor': 'loss/val'}": state} if best else {}
     torch.save({"state_dict": {}, "callbacks": callbacks, "version": version}, ckpts / "last.ckpt")
     if best:
         torch.save({"state_dict": {}, "version": version}, ckpts / best)
@@ -158,6 +244,18 @@ def test_ckpt_path_last_names_a_newer_run_without_a_checkpoint(tmp_path):
     (tmp_path / "version_1").mkdir()  # stopped before its first save
     with pytest.raises(GptLitError, match=r"the newest run, .*version_1, has no checkpoint.*version_0/checkpoints/"):
         latest_checkpoint(tmp_path, "last")
+
+
+def test_ckpt_path_best_with_two_monitors_names_both_and_how_to_pick(tmp_path):
+    ckpts = fake_run(tmp_path, "version_0", best="best-epoch01.ckpt")
+    state = torch.load(ckpts / "last.ckpt", weights_only=False)
+    state["callbacks"]["ModelCheckpoint{'monitor': 'loss/train'}"] = {"monitor": "loss/train", "best_model_path": ""}
+    torch.save(state, ckpts / "last.ckpt")
+    with pytest.raises(GptLitError) as ambiguous:
+        latest_checkpoint(tmp_path, "best")
+    message = str(ambiguous.value)
+    assert "ModelCheckpoint{'monitor': 'loss/val'}: " + str(ckpts / "best-epoch01.ckpt") in message
+    assert "ModelCheckpoint{'monitor': 'loss/train'}: none yet" in message and "--ckpt_path <its path>" in message
 
 
 def test_ckpt_path_best_without_a_best_file_says_so(tmp_path):

@@ -36,10 +36,13 @@ class LastCheckpoint(Checkpoint):
         shows each step once. The GPT CLI adds this callback to every ``fit``.
 
         Args:
-            dirpath: Folder of ``last.ckpt``; default ``<log_dir>/checkpoints``, the run's checkpoints folder.
+            dirpath: Folder of ``last.ckpt``; default: beside the run's other checkpoints (the config's
+                ModelCheckpoint's folder, else ``<save_dir>/<name>/<version>/checkpoints`` as Lightning puts them).
         """
         self.dirpath = dirpath
         self.path: str | None = None  # <dirpath>/last.ckpt, once fit has started
+        self.log_dir: str | None = None  # the trainer's log_dir, once fit has started
+        self.logger_version: int | str | None = None  # the first logger's version, once fit has started
         self.saved_step: int | None = None  # global step of the last.ckpt this process saved last
         self.stop: str | None = None  # "Ctrl-C" or "SIGTERM" once asked to stop
         self._stopping = False
@@ -52,13 +55,31 @@ class LastCheckpoint(Checkpoint):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        folder = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
-        folder = trainer.strategy.broadcast(folder)
-        self.path = os.path.join(folder, "last.ckpt")
+        # Every process, here (a broadcast): the CLI's resume command reads them after a stop, when another
+        # process may have ended already.
+        self.log_dir = trainer.log_dir
+        if trainer.is_global_zero and trainer.logger is not None:  # the one that logs; process 0 prints the command
+            self.logger_version = trainer.logger.version
+        self.path = os.path.join(self.dirpath or self._checkpoints_folder(trainer, pl_module), "last.ckpt")
+        folder = os.path.dirname(self.path)
         for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
             if isinstance(callback, ModelCheckpoint) and callback.save_last:
                 if callback.dirpath is None or os.path.realpath(callback.dirpath) == os.path.realpath(folder):
                     callback.save_last = False  # one writer for last.ckpt: else it writes last-v1.ckpt beside
+
+    @staticmethod
+    def _checkpoints_folder(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+        """Where the run's other checkpoints go: the folder of the config's ModelCheckpoint (the one with a
+        monitor first), else the one Lightning would give a ModelCheckpoint: ``<save_dir>/<name>/<version>/
+        checkpoints`` of the first logger (whatever its ``sub_dir``; a run of its own for a logger without a folder
+        of its own, as W&B's or MLflow's), ``<default_root_dir>/checkpoints`` without a logger."""
+        ours = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+        ours.sort(key=lambda cb: not cb.monitor)
+        if ours:
+            return str(ours[0].dirpath)
+        probe = ModelCheckpoint(save_top_k=0)  # saves nothing; its setup resolves (and broadcasts) the folder
+        probe.setup(trainer, pl_module, "fit")
+        return str(probe.dirpath)
 
     @property
     def saved_path(self) -> str | None:
@@ -99,7 +120,11 @@ class LastCheckpoint(Checkpoint):
     def _agreed(self, trainer: L.Trainer) -> bool:
         """Whether any process was asked to stop (every process calls this at the same points)."""
         if trainer.world_size > 1:
-            return bool(trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False))
+            stop = bool(trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False))
+            if stop:  # the same reason on every process, for the same message and exit status
+                sigterm = trainer.strategy.reduce_boolean_decision(self.stop == "SIGTERM", all=False)
+                self.stop = "SIGTERM" if sigterm else "Ctrl-C"
+            return stop
         return self.stop is not None
 
     def _stop(self, trainer: L.Trainer) -> None:
