@@ -36,7 +36,7 @@ PROMPTS = ["The Time Traveller", "I saw", "It was", "Weena"]
 SAMPLING = ["--model.temperature", "1.0", "--model.top_k", "50", "--model.max_new_tokens", "6"]
 
 POISON = '''
-import math, resource, signal
+import math, os, resource, signal
 from lightning.pytorch.callbacks import Callback
 
 class PoisonOneProcess(Callback):
@@ -56,6 +56,14 @@ class FillTheDisk(Callback):
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
             resource.setrlimit(resource.RLIMIT_FSIZE, (10_000_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+class SigtermAt(Callback):
+    \"\"\"In the middle of training step `step`, send process `rank` SIGTERM, as a scheduler does.\"\"\"
+    def __init__(self, step: int, rank: int):
+        self.step, self.rank = step, rank
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), signal.SIGTERM)
 '''
 
 
@@ -94,15 +102,32 @@ if torch.distributed.is_initialized():
 LAST = ["--config", "lightning_logs/residual/version_0/config.yaml",
         "--ckpt_path", "lightning_logs/residual/version_0/checkpoints/last.ckpt"]  # fmt: skip
 POISON_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.PoisonOneProcess", "init_args": {"step": 3, "rank": 1}}'
+SHIPPED_BEST = json.dumps({"class_path": "ModelCheckpoint", "init_args": {
+    "monitor": "loss/val", "save_on_train_epoch_end": True, "filename": "best-epoch{epoch:02d}",
+    "auto_insert_metric_name": False}})  # fmt: skip
+
+
+def sigterm(rank: int) -> tuple[str, list[str]]:
+    """A step: one epoch of 2 steps, and process ``rank`` gets SIGTERM in the first."""
+    stop = json.dumps({"class_path": "poison.SigtermAt", "init_args": {"step": 0, "rank": rank}})
+    return (f"sigterm_{rank}", ["fit", *RUN, *DDP, "--trainer.max_epochs", "1", "--data.eval_train", "false",
+                                "--trainer.limit_val_batches", "1", "--trainer.callbacks", "[]",
+                                "--trainer.logger.init_args.name", f"sigterm_{rank}", f"--trainer.callbacks+={stop}"])
+
+
 DISK_FULL_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.FillTheDisk", "init_args": {"step": 3, "rank": 0}}'
 STEPS = [
     ("fit", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", POISON_AT_STEP_3]),  # 2 epochs of 2 steps
     ("test", ["test", *LAST, *DDP]),
     ("predict", ["predict", *LAST, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *DDP]),
-    # Process 0's disk fills in epoch 1: its saves at that epoch's end fail (the limit stays: the last step).
+    sigterm(1),
+    sigterm(0),
+    # Process 0's disk fills in epoch 1: its saves at that epoch's end fail, the new best's first (the limit stays:
+    # the last step).
     ("full_disk", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", "--data.eval_train", "false",
-                   "--trainer.limit_val_batches", "1", "--trainer.callbacks", "[]",  # last.ckpt's saves alone
-                   "--trainer.logger.init_args.name", "full_disk", DISK_FULL_AT_STEP_3]),
+                   "--trainer.limit_val_batches", "1", "--trainer.callbacks", "[]",  # the best file's and last.ckpt's
+                   f"--trainer.callbacks+={SHIPPED_BEST}", "--trainer.logger.init_args.name", "full_disk",
+                   DISK_FULL_AT_STEP_3]),
 ]  # fmt: skip
 
 
@@ -176,11 +201,30 @@ def test_a_full_disk_on_process_0_stops_both_with_one_line_and_keeps_the_last_ch
     assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     folder = Path("lightning_logs") / "full_disk" / "version_0" / "checkpoints"
-    assert len(errors) == 1 and errors[0].startswith("error: no room to save checkpoint "), errors
+    assert len(errors) == 1 and errors[0].startswith("error: no room to save checkpoint best-epoch01.ckpt "), errors
     assert f"the last good checkpoint is {folder / 'last.ckpt'}" in errors[0], errors[0]
     ckpt = torch.load(ddp.cwd / folder / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2  # epoch 0's, whole
+    # The best epoch so far keeps its file: the new best's save failed, so nothing took its place.
+    assert sorted(p.name for p in (ddp.cwd / folder).iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]
+    [best] = [s for k, s in ckpt["callbacks"].items() if k.startswith("ModelCheckpoint")]
+    assert Path(best["best_model_path"]).name == "best-epoch00.ckpt"
+    assert torch.load(ddp.cwd / folder / "best-epoch00.ckpt", weights_only=True)["global_step"] == 2
     assert not list((ddp.cwd / folder).glob(".*.part"))  # the failed write left nothing behind
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_sigterm_to_either_process_stops_both_with_one_line_and_the_resume_command(ddp, rank):
+    codes, _, err = ddp.step(f"sigterm_{rank}")
+    assert codes == [143, 143] and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    run = Path("lightning_logs") / f"sigterm_{rank}" / "version_0"
+    assert errors == [
+        f"error: fit stopped by SIGTERM; resume with: python -m gpt_lit fit --config {run / 'config.yaml'} "
+        f"--ckpt_path {run / 'checkpoints' / 'last.ckpt'} --trainer.logger.init_args.version 0"
+    ]
+    ckpt = torch.load(ddp.cwd / run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 1  # after the step under way
 
 
 def test_logged_once_and_the_whole_sets_equal_one_process(run):
@@ -234,3 +278,72 @@ def test_fsdp_on_cpu_is_refused_with_one_line(capsys):
     assert exit_.value.code == 2 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
     assert "fsdp" in line.lower() and "gpu" in line.lower(), line
+
+
+# -- docs/several_processes.md's two-machine command, as two nodes on this machine ---------------------------------
+
+NODE = """
+import json, os, sys
+from pathlib import Path
+from gpt_lit.cli import main
+
+rank = os.environ["NODE_RANK"]
+for fd, kind in ((1, "out"), (2, "err")):
+    f = os.open(f"node.{rank}.{kind}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(f, fd)
+    os.close(f)
+try:
+    main(json.loads(Path("node_args.json").read_text()))
+    code = 0
+except SystemExit as e:
+    code = e.code
+sys.stdout.flush(); sys.stderr.flush()
+Path(f"node_code.{rank}").write_text(str(code))
+import torch.distributed
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()  # node 0 ends after node 1 has written everything
+"""
+# One epoch of 2 steps without dropout (each process draws its own masks), 4 windows a step on each node: the
+# same 8 windows a step as one process with batches of 8, and the same averaged gradient.
+NODES_RUN = [*RUN, "--model.config.dropout", "0", "--trainer.max_epochs", "1", "--data.eval_train", "false"]
+
+
+def test_two_nodes_of_one_process_each_give_one_processs_losses_instruments_and_checkpoint(tmp_path_factory):
+    import socket
+
+    cwd = tmp_path_factory.mktemp("nodes")
+    (cwd / "node.py").write_text(NODE)
+    nodes = ["--trainer.strategy", "ddp", "--trainer.num_nodes", "2", "--trainer.devices", "1",
+             "--trainer.accelerator", "cpu"]  # fmt: skip
+    (cwd / "node_args.json").write_text(json.dumps(["fit", *NODES_RUN, *nodes]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "GLOBAL_RANK")}
+    env.update(PYTHONPATH=os.pathsep.join([str(cwd), str(REPO)]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    procs = [subprocess.Popen([sys.executable, "node.py"], cwd=cwd, env={**env, "NODE_RANK": str(rank)},
+                              start_new_session=True) for rank in (0, 1)]  # fmt: skip
+    try:
+        for proc in procs:
+            proc.wait(timeout=300)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    err = "".join((cwd / f"node.{rank}.err").read_text() for rank in (0, 1))
+    assert [(cwd / f"node_code.{rank}").read_text() for rank in (0, 1)] == ["0", "0"], err[-3000:]
+    assert "GLOBAL_RANK: 1" in err and "distributed_backend=gloo" in err and "Traceback" not in err, err[-3000:]
+    two = cwd / "lightning_logs" / "residual" / "version_0"
+
+    main(["fit", *NODES_RUN, *ONE, "--data.batch_size", "8"])  # in in_tmp's folder
+    one = Path("lightning_logs") / "residual" / "version_0"
+    got, want = scalars(two), scalars(one)
+    assert sorted(got) == sorted(want)
+    for tag in want:
+        if tag != "loss/train_step":  # process 0's 4 windows, not the step's 8
+            assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
+            assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-4), tag
+    got, want = (torch.load(run / "checkpoints" / "last.ckpt", weights_only=True) for run in (two, one))
+    assert got["global_step"] == want["global_step"] == 2
+    for name, tensor in want["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][name], tensor, atol=1e-5, rtol=0, msg=name)

@@ -217,6 +217,8 @@ class LastCheckpoint(Checkpoint):
     def save(self, trainer: L.Trainer) -> None:
         if self.path is None or trainer.sanity_checking or trainer.fast_dev_run:
             return
+        if trainer.world_size > 1:  # another callback's save failed: last.ckpt must not name its file as saved
+            self._raise_a_failed_save(trainer)
         self._saving = True
         try:
             trainer.save_checkpoint(self.path, weights_only=False)  # all a resume needs, not the weights only
@@ -228,7 +230,8 @@ class LastCheckpoint(Checkpoint):
 
     def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
         """Under several processes, raise on every one of them the error of a save (this one, or another checkpoint
-        callback's since the last) that failed on process 0, which alone writes: one broadcast of its message."""
+        callback's since the last) that failed on process 0, which alone writes: one broadcast of its message.
+        Until then AtomicCheckpointIO removes no file, so a ModelCheckpoint keeps its previous best."""
         io = trainer.strategy.checkpoint_io
         io = getattr(io, "checkpoint_io", None) or io  # AsyncCheckpointIO wraps the one that writes
         failed = getattr(io, "failed", None)
