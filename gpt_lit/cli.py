@@ -45,7 +45,7 @@ from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
-from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, latest_checkpoint, log_beside_run, runs_folder
+from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, continue_run, latest_checkpoint, log_beside_run, runs_folder
 from gpt_lit.tokenizer import vocab_size
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
@@ -141,6 +141,8 @@ class GPTLitCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand in ("test", "predict"):
             log_beside_run(self.config[self.subcommand], self.subcommand)
+        if self.subcommand == "fit":
+            continue_run(self.config["fit"])
         # model.init_from is fetched (a hub name downloaded, or its one error line) before the model is built: the
         # random initialisation of GPT-2 124M alone takes seconds, wasted when the download fails. Process 0 only,
         # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
@@ -182,6 +184,10 @@ class GPTLitCLI(LightningCLI):
             self.checkpoint = None  # Lightning loads it again itself
         self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
         check_writable(self.trainer)
+        if self.subcommand == "fit" and self.config["fit"].get("ckpt_path"):  # a resume: keep the CSV's old rows
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, LastCheckpoint):
+                    callback.read_csv_logs(self.trainer)
 
     before_fit = before_validate = before_test = before_predict = _check_inputs
 
@@ -207,7 +213,8 @@ class GPTLitCLI(LightningCLI):
         config = os.path.join(last.log_dir or "", "config.yaml")
         command = "python -m gpt_lit fit" + (f" --config {config}" if os.path.isfile(config) else " <same arguments>")
         command += f" --ckpt_path {last.saved_path}"
-        if isinstance(self.trainer.logger, TensorBoardLogger):  # continue in the same TensorBoard run
+        if isinstance(self.trainer.logger, TensorBoardLogger) and len(self.trainer.loggers) == 1:  # the same run
+            # (several loggers go on in the checkpoint's run folder by themselves: runs.continue_run)
             command += f" --trainer.logger.init_args.version {last.logger_version}"
         return f"; resume with: {command}"
 

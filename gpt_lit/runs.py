@@ -110,6 +110,20 @@ def log_beside_run(config: Namespace, subcommand: str) -> None:
         init.version = Path(config.ckpt_path).stem
 
 
+def continue_run(config: Namespace) -> None:
+    """``fit --ckpt_path <run>/checkpoints/X.ckpt`` with several loggers: each goes on logging in the run's folder
+    (its version, where the config leaves it to the logger), as the first logger's ``version`` given on the command
+    line does for one logger (a command line cannot give a version to each logger of a list)."""
+    run, logger = run_of(config.get("ckpt_path")), config.trainer.get("logger")
+    if run is None or not isinstance(logger, list) or runs_folder(config.trainer) != run.parent:
+        return
+    version = version_number(run)
+    for each in logger:
+        init = each.get("init_args") if isinstance(each, Namespace) else None
+        if init is not None and "version" in init and init.get("version") is None:
+            init.version = version if version >= 0 else run.name
+
+
 def next_run(trainer: Namespace) -> Path | None:
     """The run folder the configured logger would create: its ``version`` if set, else the next ``version_N``."""
     folder = runs_folder(trainer)

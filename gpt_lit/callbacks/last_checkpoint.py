@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import threading
@@ -10,7 +11,7 @@ from typing import Any
 import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
 from gpt_lit.checkpointing import NoRoomError
@@ -33,7 +34,8 @@ class LastCheckpoint(Checkpoint):
         Ctrl-C stops at once without saving: ``last.ckpt`` is then the previous exact state. Under several
         processes they agree on the stop (one all-reduce of a flag per step). A run resumed from a checkpoint
         into its old TensorBoard folder hides what the old run logged after that checkpoint, so TensorBoard
-        shows each step once. The GPT CLI adds this callback to every ``fit``.
+        shows each step once; into its old CSV folder, it keeps the old rows before that checkpoint (Lightning's
+        CSVLogger would delete them) and drops the others. The GPT CLI adds this callback to every ``fit``.
 
         Args:
             dirpath: Folder of ``last.ckpt``; default: beside the run's other checkpoints (the config's
@@ -49,6 +51,7 @@ class LastCheckpoint(Checkpoint):
         self._saving = False
         self._others_saved_at = -1  # global step of another callback's latest save
         self._handlers: dict[int, Any] = {}
+        self._csv_rows: dict[int, list[dict[str, str]]] = {}  # a resumed run's CSV loggers' earlier rows
 
     # -- where ------------------------------------------------------------------------------------------------
 
@@ -60,12 +63,23 @@ class LastCheckpoint(Checkpoint):
         self.log_dir = trainer.log_dir
         if trainer.is_global_zero and trainer.logger is not None:  # the one that logs; process 0 prints the command
             self.logger_version = trainer.logger.version
+
         self.path = os.path.join(self.dirpath or self._checkpoints_folder(trainer, pl_module), "last.ckpt")
         folder = os.path.dirname(self.path)
         for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
             if isinstance(callback, ModelCheckpoint) and callback.save_last:
                 if callback.dirpath is None or os.path.realpath(callback.dirpath) == os.path.realpath(folder):
                     callback.save_last = False  # one writer for last.ckpt: else it writes last-v1.ckpt beside
+
+    def read_csv_logs(self, trainer: L.Trainer) -> None:
+        """Before ``fit`` resumes: read the CSV loggers' ``metrics.csv``, which Lightning's CSVLogger deletes as it
+        starts (before any callback's hook), to put back the old run's rows before the checkpoint's step."""
+        self._csv_rows = {}
+        for i, logger in enumerate(trainer.loggers):
+            path = os.path.join(logger.log_dir, "metrics.csv") if isinstance(logger, CSVLogger) else ""
+            if os.path.isfile(path):
+                with open(path, newline="") as f:
+                    self._csv_rows[i] = list(csv.DictReader(f))
 
     @staticmethod
     def _checkpoints_folder(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
@@ -250,6 +264,11 @@ class LastCheckpoint(Checkpoint):
         # session and purges nothing there.
         if trainer.ckpt_path is None or trainer.global_step == 0 or not trainer.is_global_zero:
             return
+        # A CSV logger's file: the old run's rows for the steps before S go back in, ahead of this run's.
+        for i, rows in self._csv_rows.items():
+            kept = [{k: v for k, v in row.items() if v != ""} for row in rows if int(row["step"]) < trainer.global_step]
+            trainer.loggers[i].experiment.metrics[:0] = kept
+        self._csv_rows = {}
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 writer = logger.experiment.file_writer  # torch's SummaryWriter's event file writer (public attribute)
