@@ -176,7 +176,8 @@ SECONDS = {"test_ddp": 60, "tiny_run": 50, "test_fault_matrix": 44, "chapter": 3
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
            "tests/test_mac.py::test_fit_with_two_spawned_workers_trains_on_the_same_batches": 14}  # fmt: skip
-SECONDS_EACH = {"test_fault_matrix": 11, "test_checkpointing": 5, "test_resume": 8, "test_bench": 4}
+SECONDS_EACH = {"test_settings_matrix": 30, "test_fault_matrix": 11, "test_checkpointing": 5, "test_resume": 8,
+                "test_bench": 4}  # test_settings_matrix: a case (its two tests), with GPT_LIT_SETTINGS_MATRIX=full
 
 
 def module_of(nodeid: str) -> str:
@@ -196,6 +197,8 @@ def pytest_xdist_make_scheduler(config, log):
     # pytest-xdist 3.5.0 and 3.8.0): xdist has no public way to group tests by something other than their file.
     class SharedRuns(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if module_of(nodeid) == "test_settings_matrix":  # a case's two tests read its one set of runs
+                return nodeid.split("::", 1)[0] + "::[" + nodeid.split("[", 1)[-1]
             return GROUPS.get(module_of(nodeid), nodeid)
 
         def _assign_work_unit(self, node) -> None:
