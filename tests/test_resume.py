@@ -4,6 +4,7 @@
 Every stop at every moment, compared with an uninterrupted run value by value: test_fault_matrix.py.
 """
 
+import json
 import shlex
 import signal
 import warnings
@@ -127,6 +128,28 @@ def test_sigterm_before_a_validation_every_n_steps_across_epochs_keeps_that_vali
     main(shlex.split(line.split("resume with: ")[1])[3:])
     want, got = train_steps(tmp_path / "one" / "residual" / "version_0"), train_steps(run)
     assert [s for s, _ in want["loss/val"]] == [3, 7, 11]
+    for tag in ("loss/train_step", "loss/val"):
+        assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-5), tag
+
+
+def test_early_stopping_mid_epoch_saves_where_a_longer_run_goes_on_exactly(tmp_path):
+    # Validation twice an epoch (after batches 1 and 3 of 4). EarlyStopping in mode max with patience 2 sees the
+    # falling loss/val get "worse" twice and stops fit at the third validation, in epoch 1's middle. Resumed without
+    # it, the run goes on as one that never had it.
+    args = [*SCHEDULE_RUN, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4",
+            "--trainer.val_check_interval", "0.5"]  # fmt: skip
+    main(["fit", *args, "--trainer.logger.init_args.save_dir", str(tmp_path / "one")])
+    logs = ["--trainer.logger.init_args.save_dir", str(tmp_path / "two")]
+    stopper = {"class_path": "EarlyStopping", "init_args": {"monitor": "loss/val", "mode": "max", "patience": 2}}
+    main(["fit", *args, *logs, f"--trainer.callbacks+={json.dumps(stopper)}"])
+    run = tmp_path / "two" / "residual" / "version_0"
+    assert [s for s, _ in train_steps(run)["loss/val"]] == [1, 3, 5]  # stopped at the third validation
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 6  # epoch 1's second step and its validation: not the end of that epoch
+    main(["fit", *args, *logs, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+          "--trainer.logger.init_args.version", "0"])  # fmt: skip
+    want, got = train_steps(tmp_path / "one" / "residual" / "version_0"), train_steps(run)
     for tag in ("loss/train_step", "loss/val"):
         assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-5), tag

@@ -217,11 +217,14 @@ class LastCheckpoint(Checkpoint):
             self._stop(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # max_steps reached at a step a validation follows, mid-epoch: the state after that validation is exact
-        # (Lightning resumes it without validating again) and the last before fit ends.
+        # Fit ends after this validation, mid-epoch (max_steps reached at a step a validation follows, or
+        # EarlyStopping asking to stop here): the state after the validation is the last exact one (Lightning
+        # resumes it without validating again). Not after a validation Lightning ran only because a callback had
+        # asked to stop at the step before (Timer): that step's state, saved then, is the exact one.
         if trainer.sanity_checking or self._stopping or self._epoch_ran_out(trainer):
             return
-        if 0 <= trainer.max_steps <= trainer.global_step:
+        ends = 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop
+        if ends and self.saved_step != trainer.global_step:
             self.save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
