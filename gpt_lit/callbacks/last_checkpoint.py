@@ -28,6 +28,10 @@ class LastCheckpoint(Checkpoint):
         checkpoint callback saved (``ModelCheckpoint(every_n_train_steps=...)`` or ``train_time_interval``),
         when the run is stopped, and at the end of ``fit``. Best and top-k files stay with the ModelCheckpoints
         the config lists; their own ``save_last`` is turned off here, as this callback owns the name.
+        When a validation follows a step is Lightning's own schedule, read from its counters. An epoch that
+        ``max_steps``, ``EarlyStopping`` or ``Timer`` cuts short is saved after its last step (or after the
+        validation at which fit ends mid-epoch), never at its end, from which Lightning would resume at the next
+        epoch and skip the rest of this one.
 
         Stops: the first Ctrl-C or a SIGTERM lets training reach the next exact state (the step under way; or
         the evaluation and the epoch's end, if they come next), saves ``last.ckpt`` there and stops. A second
