@@ -45,7 +45,15 @@ from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
-from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, continue_run, latest_checkpoint, log_beside_run, runs_folder
+from gpt_lit.runs import (
+    LIGHTNING_CKPT_NAMES,
+    PROG,
+    checkpoints_dirpath,
+    continue_run,
+    latest_checkpoint,
+    log_beside_run,
+    runs_folder,
+)
 from gpt_lit.tokenizer import vocab_size
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
@@ -132,7 +140,7 @@ class GPTLitCLI(LightningCLI):
         self.weights_only = not trust  # what Lightning's restore gets (True unless trusted and needed)
         path = _CKPT_PATH = config.get("ckpt_path")
         if path in ("last", "best"):  # in a new process: the latest run of this config's name
-            path = latest_checkpoint(runs_folder(config.trainer), path, trust)
+            path = latest_checkpoint(runs_folder(config.trainer), path, trust, checkpoints_dirpath(config.trainer))
             config.ckpt_path = path
         if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
             self.checkpoint, needed_trust = read_checkpoint(path, trust)

@@ -45,9 +45,28 @@ def version_number(run: Path) -> int:
     return int(match[1]) if match else -1
 
 
-def latest_checkpoint(folder: Path | None, which: str, trust: bool = False) -> str:
+def checkpoints_dirpath(trainer: Namespace) -> Path | None:
+    """The ``dirpath`` the config gives its ModelCheckpoint (the one with a monitor first), where last.ckpt goes
+    too (None when Lightning's folder in the run is used)."""
+    callbacks = trainer.get("callbacks") or []
+    inits = [c.get("init_args") for c in callbacks if isinstance(c, Namespace) and "ModelCheckpoint" in c.get(
+        "class_path", "")]  # fmt: skip
+    inits = sorted((i for i in inits if i is not None and i.get("dirpath")), key=lambda i: not i.get("monitor"))
+    return Path(inits[0].get("dirpath")) if inits else None
+
+
+def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirpath: Path | None = None) -> str:
     """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``
-    (found in last.ckpt, read as data unless ``trust``: see ``read_checkpoint``)."""
+    (found in last.ckpt, read as data unless ``trust``: see ``read_checkpoint``); in ``dirpath`` instead where the
+    config's ModelCheckpoint gives one (``checkpoints_dirpath``)."""
+    if dirpath is not None:
+        last = dirpath / "last.ckpt"
+        if not last.is_file():
+            raise GptLitError(
+                f"--ckpt_path {which}: no last.ckpt in {dirpath}, the config's ModelCheckpoint's dirpath (from "
+                f"{Path.cwd()}). Train one with `{PROG} fit` and the same config, or give a checkpoint's path"
+            )
+        return str(last) if which == "last" else best_of(last, dirpath, trust)
     if folder is None:
         raise GptLitError(
             f"--ckpt_path {which}: the logger has no save_dir, so there is no run folder to look in; give a "
@@ -70,6 +89,11 @@ def latest_checkpoint(folder: Path | None, which: str, trust: bool = False) -> s
         )
     if which == "last":
         return str(last)
+    return best_of(last, run, trust)
+
+
+def best_of(last: Path, run: Path, trust: bool) -> str:
+    """The best checkpoint that ``last`` (a run's last.ckpt) names, beside it."""
     states = read_checkpoint(str(last), trust)[0].get("callbacks", {})
     # The best file is the one of the ModelCheckpoint that has a monitor (one without keeps its latest files).
     ranked = {k: s for k, s in states.items() if isinstance(s, dict) and s.get("monitor") and "best_model_path" in s}

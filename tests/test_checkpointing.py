@@ -104,6 +104,9 @@ def test_last_lies_beside_the_runs_other_checkpoints_wherever_they_go(tmp_path):
     main(["fit", "--config", str(config), *RUN, *logs, "--trainer.max_epochs", "1"])
     assert sorted(p.name for p in elsewhere.iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]
     assert not (tmp_path / "residual/version_1/checkpoints").exists()
+    for which in ("last", "best"):  # and --ckpt_path last|best find them there
+        tested = main(["test", "--config", str(config), *RUN, *logs, "--ckpt_path", which])
+        assert tested.trainer.ckpt_path == str(elsewhere / ("last.ckpt" if which == "last" else "best-epoch00.ckpt"))
 
 
 NO_FOLDER_LOGGER = """
