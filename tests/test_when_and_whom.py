@@ -35,54 +35,38 @@ RUN = [
 # setting: (its options, the steps of loss/val: where Lightning validates under it, by hand)
 SETTINGS = {
     # 2 epochs of 2 steps: each epoch's end, at its last step's index
-    "shipped": (["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2"], [1, 3]),
+    "shipped": ("--trainer.max_epochs 2 --trainer.limit_train_batches 2", [1, 3]),
     # 4 batches an epoch, validation every 2nd: after batches 1 and 3 of each epoch
     "val_check_interval_0.5": (
-        ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.val_check_interval", "0.5"],
+        "--trainer.max_epochs 2 --trainer.limit_train_batches 4 --trainer.val_check_interval 0.5",
         [1, 3, 5, 7],
     ),
     # a sanity check, then validation after epoch 1 only (epochs 0 and 2 have none); the training set evaluated too
     "every_2nd_epoch_with_sanity_check": (
-        [
-            "--trainer.max_epochs",
-            "3",
-            "--trainer.limit_train_batches",
-            "2",
-            "--trainer.check_val_every_n_epoch",
-            "2",
-            "--trainer.num_sanity_val_steps",
-            "1",
-            "--data.eval_train",
-            "true",
-        ],
+        "--trainer.max_epochs 3 --trainer.limit_train_batches 2 --trainer.check_val_every_n_epoch 2 "
+        "--trainer.num_sanity_val_steps 1 --data.eval_train true",
         [3],
-    ),  # fmt: skip
+    ),
     # every 4 batches counted across epochs of 6: batches 3, 7 (epoch 1's second) and 11
     "every_4_steps_across_epochs": (
-        [
-            "--trainer.max_epochs",
-            "2",
-            "--trainer.limit_train_batches",
-            "6",
-            "--trainer.check_val_every_n_epoch",
-            "null",
-            "--trainer.val_check_interval",
-            "4",
-        ],
+        "--trainer.max_epochs 2 --trainer.limit_train_batches 6 --trainer.check_val_every_n_epoch null "
+        "--trainer.val_check_interval 4",
         [3, 7, 11],
-    ),  # fmt: skip
+    ),
     # 6 batches, 3 optimizer steps, validation every 3rd batch: after batch 2, which only accumulates (one step
     # before it), and after batch 5, which steps (two steps before it)
     "accumulate_2": (
-        ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "6", "--trainer.accumulate_grad_batches", "2",
-         "--trainer.val_check_interval", "3"],
+        "--trainer.max_epochs 1 --trainer.limit_train_batches 6 --trainer.accumulate_grad_batches 2 "
+        "--trainer.val_check_interval 3",
         [1, 2],
-    ),  # fmt: skip
-    # no validation at all
-    "no_validation": (
-        ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "0"],
-        [],
     ),
+    # a time-based interval of 0 seconds: after every batch
+    "time_based_interval": (
+        "--trainer.max_epochs 1 --trainer.limit_train_batches 2 --trainer.val_check_interval 00:00:00:00",
+        [0, 1],
+    ),
+    # no validation at all
+    "no_validation": ("--trainer.max_epochs 2 --trainer.limit_train_batches 2 --trainer.limit_val_batches 0", []),
 }
 LOGGERS = {
     "tensorboard": ["tensorboard"],
@@ -96,6 +80,7 @@ CASES = [
     ("every_2nd_epoch_with_sanity_check", "tensorboard_and_csv"),
     ("every_4_steps_across_epochs", "csv_first"),
     ("accumulate_2", "tensorboard_and_csv"),
+    ("time_based_interval", "tensorboard_and_csv"),
     ("no_validation", "tensorboard"),
     ("every_2nd_epoch_with_sanity_check", "none"),
 ]
@@ -135,7 +120,7 @@ def run(request, tmp_path_factory) -> Run:
     kinds = [logger_config(kind, folder) for kind in LOGGERS[loggers]]
     options, val_steps = SETTINGS[setting]
     logger = ["--trainer.logger", json.dumps(kinds) if kinds else "false"]
-    cli = main(["fit", "--config", str(folder / "residual.yaml"), *RUN, *options, *logger])
+    cli = main(["fit", "--config", str(folder / "residual.yaml"), *RUN, *options.split(), *logger])
     assert cli.trainer.state.finished
     return Run(setting, loggers, cli.trainer, cli.model, cli.datamodule, val_steps)
 
@@ -226,7 +211,7 @@ def test_each_validations_instruments_hold_that_validations_values(run):
     assert [(p["step"], p["train"]) for p in figures.epochs if p["train"] is not None] == [
         (s, pytest.approx(v, abs=1e-6)) for s, v in train
     ]
-    assert steps(train) == (run.val_steps if "--data.eval_train" in SETTINGS[run.setting][0] else [])
+    assert steps(train) == (run.val_steps if "--data.eval_train true" in SETTINGS[run.setting][0] else [])
     best = [min(v for _, v in val[: i + 1]) for i in range(len(val))]
     assert [v for _, v in scalars.get("loss/val_best", [])] == pytest.approx(best, abs=1e-6)
     for other_kind, other in logged(run.trainer)[1:]:  # every logger got the same values
@@ -264,5 +249,6 @@ def test_the_figures_draw_one_line_per_validation_named_by_it(run):
         "every_2nd_epoch_with_sanity_check": ["epoch 1"],
         "every_4_steps_across_epochs": ["epoch 0, step 3", "epoch 1, step 7", "epoch 1"],
         "accumulate_2": ["epoch 0, step 1", "epoch 0"],
+        "time_based_interval": ["epoch 0, step 0", "epoch 0"],
     }
     assert names == expected[run.setting]
