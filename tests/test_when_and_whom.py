@@ -107,6 +107,8 @@ class Run:
     module: object
     data: object
     val_steps: list[int]  # where Lightning validates under the setting, by hand
+    scalars: list[tuple[str, dict[str, list[tuple[int, float]]]]]  # each logger's: (its kind, tag -> [(step, value)])
+    events: list[EventAccumulator]  # each TensorBoard logger's
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(case) for case in CASES])
@@ -122,7 +124,8 @@ def run(request, tmp_path_factory) -> Run:
     logger = ["--trainer.logger", json.dumps(kinds) if kinds else "false"]
     cli = main(["fit", "--config", str(folder / "residual.yaml"), *RUN, *options.split(), *logger])
     assert cli.trainer.state.finished
-    return Run(setting, loggers, cli.trainer, cli.model, cli.datamodule, val_steps)
+    events = [tensorboard_events(lg) for lg in cli.trainer.loggers if isinstance(lg, TensorBoardLogger)]
+    return Run(setting, loggers, cli.trainer, cli.model, cli.datamodule, val_steps, logged(cli.trainer), events)
 
 
 def csv_scalars(logger: CSVLogger) -> dict[str, list[tuple[int, float]]]:
@@ -162,13 +165,13 @@ def steps(points: list[tuple[int, float]]) -> list[int]:
 
 
 def test_loss_val_is_logged_where_the_setting_makes_lightning_validate(run):
-    assert [kind for kind, _ in logged(run.trainer)] == LOGGERS[run.loggers]
-    for kind, scalars in logged(run.trainer):
+    assert [kind for kind, _ in run.scalars] == LOGGERS[run.loggers]
+    for kind, scalars in run.scalars:
         assert steps(scalars.get("loss/val", [])) == run.val_steps, kind
 
 
 def test_every_instruments_scalars_are_at_the_validations_steps_in_every_logger(run):
-    for kind, scalars in logged(run.trainer):
+    for kind, scalars in run.scalars:
         val = run.val_steps
         for prefix in PER_VALIDATION + ALSO_AT_START:
             tags = [tag for tag in scalars if tag.startswith(prefix)]
@@ -179,9 +182,7 @@ def test_every_instruments_scalars_are_at_the_validations_steps_in_every_logger(
 
 
 def test_images_and_text_are_at_the_validations_steps_in_every_tensorboard_logger(run):
-    writers = [logger for logger in run.trainer.loggers if isinstance(logger, TensorBoardLogger)]
-    for logger in writers:
-        events = tensorboard_events(logger)
+    for events in run.events:
         images = events.Tags()[IMAGES]
         at_start = {"figures/stream_by_block", *(f"attention/block_{i}" for i in range(1, N_LAYERS + 1))}
         figures = {f"figures/{name}" for name in ("losses", "grad_norm_by_block", "similarity_by_block",
@@ -199,7 +200,7 @@ def test_each_validations_instruments_hold_that_validations_values(run):
     validation's losses, loss/val_best is the lowest loss/val so far; and the loggers agree."""
     if not run.trainer.loggers:
         return
-    kind, scalars = logged(run.trainer)[0]
+    kind, scalars = run.scalars[0]
     val = scalars.get("loss/val", [])
     [positions] = [cb for cb in run.trainer.callbacks if isinstance(cb, PositionLoss)]
     assert [(p["step"], sum(p["losses"]) / len(p["losses"])) for p in positions.history] == [
@@ -214,7 +215,7 @@ def test_each_validations_instruments_hold_that_validations_values(run):
     assert steps(train) == (run.val_steps if "--data.eval_train true" in SETTINGS[run.setting][0] else [])
     best = [min(v for _, v in val[: i + 1]) for i in range(len(val))]
     assert [v for _, v in scalars.get("loss/val_best", [])] == pytest.approx(best, abs=1e-6)
-    for other_kind, other in logged(run.trainer)[1:]:  # every logger got the same values
+    for other_kind, other in run.scalars[1:]:  # every logger got the same values
         for tag, points in scalars.items():
             if tag.startswith(tuple(PER_VALIDATION + ALSO_AT_START)) or tag in ("loss/val", "loss/train"):
                 assert steps(other[tag]) == steps(points), (other_kind, tag)
@@ -225,7 +226,7 @@ def test_the_last_validations_lens_is_the_model_at_that_validation(run):
     """Where the last validation closes the run (its last step), its lens values are the final model's."""
     if not run.trainer.loggers or not run.val_steps or run.val_steps[-1] != run.trainer.global_step - 1:
         return
-    _, scalars = logged(run.trainer)[0]
+    _, scalars = run.scalars[0]
     [lens] = [cb for cb in run.trainer.callbacks if isinstance(cb, LogitLens)]
     x, y = (t.to(run.module.device) for t in lens.batch)
     with torch.no_grad():
