@@ -12,10 +12,9 @@ from gpt_lit.event_checksums import use_c_checksums
 
 
 def is_fresh_start(trainer: L.Trainer) -> bool:
-    """True at the start of a new run; False when ``fit`` resumed from a checkpoint (its start was logged)."""
-    # global_step too: a checkpoint saved in on_train_batch_end holds the step count before Lightning adds that
-    # step to _batches_that_stepped (it adds it after on_train_start, checked against Lightning 2.6.6)
-    return trainer.global_step == 0 and trainer.fit_loop.epoch_loop._batches_that_stepped == 0
+    """True at the start of a new run; False when ``fit`` resumed from a checkpoint (``trainer.ckpt_path``: the run
+    that saved it logged the start)."""
+    return trainer.ckpt_path is None
 
 
 def log_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
