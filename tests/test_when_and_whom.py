@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import REPO, TINY
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, TENSORS, EventAccumulator
+from tensorboard.plugins.hparams import metadata as hp_metadata
 
 from gpt_lit.callbacks import ChapterFigures, LogitLens, PositionLoss, lens_losses
 from gpt_lit.cli import main
@@ -192,6 +194,19 @@ def test_images_and_text_are_at_the_validations_steps_in_every_tensorboard_logge
             assert [e.step for e in events.Images(tag)] == ([0] if tag in at_start else []) + run.val_steps, tag
         for prompt in ("The Time Traveller", "I saw"):
             assert [e.step for e in events.Tensors(f"samples/{prompt}/text_summary")] == [0, *run.val_steps]
+
+
+def test_the_runs_settings_go_to_every_logger(run):
+    """The runs table's row in every TensorBoard logger's HParams tab; the same settings in every other logger's
+    hyperparameters (CSV: hparams.yaml)."""
+    for events in run.events:
+        tags = events.PluginTagToContent(hp_metadata.PLUGIN_NAME)
+        start = hp_metadata.parse_session_start_info_plugin_data(tags[hp_metadata.SESSION_START_INFO_TAG])
+        assert start.hparams["n_layers"].number_value == N_LAYERS and start.hparams["residual"].bool_value
+    for logger in run.trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            hparams = yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text())
+            assert hparams["n_layers"] == N_LAYERS and hparams["residual"] is True and hparams["seed_everything"] == 123
 
 
 def test_each_validations_instruments_hold_that_validations_values(run):
