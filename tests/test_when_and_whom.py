@@ -13,7 +13,9 @@ value from a sanity check; the figures draw one line per validation, named by it
 from __future__ import annotations
 
 import csv
+import gc
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +116,7 @@ class Run:
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(case) for case in CASES])
-def run(request, tmp_path_factory) -> Run:
+def run(request, tmp_path_factory) -> Iterator[Run]:
     setting, loggers = request.param
     folder = tmp_path_factory.mktemp(f"{setting}-{loggers}")
     config = (REPO / "configs/residual.yaml").read_text()
@@ -127,7 +129,9 @@ def run(request, tmp_path_factory) -> Run:
     cli = main(["fit", "--config", str(folder / "residual.yaml"), *RUN, *options.split(), *logger])
     assert cli.trainer.state.finished
     events = [tensorboard_events(lg) for lg in cli.trainer.loggers if isinstance(lg, TensorBoardLogger)]
-    return Run(setting, loggers, cli.trainer, cli.model, cli.datamodule, val_steps, logged(cli.trainer), events)
+    yield Run(setting, loggers, cli.trainer, cli.model, cli.datamodule, val_steps, logged(cli.trainer), events)
+    del cli
+    gc.collect()  # the run's trainer, model and optimizer (cycles among Lightning's objects) before the next run
 
 
 def csv_scalars(logger: CSVLogger) -> dict[str, list[tuple[int, float]]]:
