@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import numpy as np
 import torch
@@ -107,9 +109,12 @@ class GPTLightning(L.LightningModule):
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
         self.val_loss, self.train_eval_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         # The validation loss at each position of a window, from the same evaluation (the PositionLoss callback
-        # logs it): the latest epoch's values, (context_length,), are kept in last_val_loss_by_position.
+        # logs it).
         self.val_loss_by_position = PositionMeans(config.context_length)
-        self.last_val_loss_by_position: torch.Tensor | None = None
+        # The results of the latest validation of fit, for the instruments that log beside it (gpt_lit/callbacks):
+        # "loss/val", "loss/train" (when the training set is evaluated too) as floats, "loss_by_position" as a
+        # (context_length,) tensor. None after a sanity check: its values are no validation's.
+        self.last_validation: dict[str, Any] | None = None
 
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device.type
@@ -178,13 +183,19 @@ class GPTLightning(L.LightningModule):
             self.train_eval_loss.update(self.loss(batch), batch[1].numel())
 
     def on_validation_epoch_end(self) -> None:
-        # Logging the metric objects: Lightning computes them across processes and resets them.
-        self.log("loss/val", self.val_loss, prog_bar=True)
-        if self.val_loss_by_position.update_count:  # every process computes (a collective), then starts afresh
-            self.last_val_loss_by_position = self.val_loss_by_position.compute().cpu()
+        # Every process computes each set's mean (a collective across processes), then starts afresh; the means are
+        # logged, and kept with the loss by position as this validation's results.
+        results: dict[str, Any] = {}
+        for name, metric in (("loss/val", self.val_loss), ("loss/train", self.train_eval_loss)):
+            if metric.update_count:
+                value = metric.compute()
+                metric.reset()
+                self.log(name, value, prog_bar=True)
+                results[name] = value.item()
+        if self.val_loss_by_position.update_count:
+            results["loss_by_position"] = self.val_loss_by_position.compute().cpu()
             self.val_loss_by_position.reset()
-        if self.train_eval_loss.update_count:
-            self.log("loss/train", self.train_eval_loss, prog_bar=True)
+        self.last_validation = None if self.trainer.sanity_checking else results
 
     def test_step(self, batch, batch_idx: int) -> None:
         self.test_loss.update(self.loss(batch), batch[1].numel())

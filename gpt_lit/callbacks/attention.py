@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
 from gpt_lit.callbacks.figures import add_png
 from gpt_lit.callbacks.probe import ValidationProbe
-from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.model import GPT, CausalSelfAttention
 from gpt_lit.tokenizer import get_tokenizer
 
@@ -76,11 +76,17 @@ def attention_title(block: int) -> str:
     return f"Block {block}: where each token (row) looks among the tokens up to it (columns)"
 
 
-def attention_when(epoch: int) -> str:
-    return "at the start" if epoch == 0 else f"after epoch {epoch - 1}"  # epochs count from 0, as the progress bar
+def attention_when(epoch: float, step: int | None = None) -> str:
+    """When the weights were measured: "at the start", "after epoch k" (``epoch`` k + 1: epochs count from 0, as the
+    progress bar counts), or "epoch k, step s" for a validation within epoch k."""
+    if epoch == 0:
+        return "at the start"
+    if epoch == int(epoch):
+        return f"after epoch {int(epoch) - 1}"
+    return f"epoch {math.floor(epoch)}" + (f", step {step}" if step is not None else "")
 
 
-def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: int) -> Figure:
+def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: float) -> Figure:
     """One block's heads side by side: (n_heads, T, T) weights, queries down, keys across, the tokens as labels.
 
     One image of all heads (white: the masked future) and plain text labels, no tick objects or constrained
@@ -146,14 +152,17 @@ class AttentionFigure:
         ):
             raise ValueError("the attention image does not cover a whole number of pixels per token")
         # The column where the title's part of the top band ends and the epoch's begins, if the widest title and
-        # the widest "after epoch" text leave a gap between them (else None: both drawn for each image).
+        # the widest "after epoch" or "epoch k, step s" text leave a gap between them (else None: both drawn for each
+        # image).
         renderer = self.canvas.get_renderer()
         self.title.set_text(attention_title(10**6))
-        self.when.set_text(attention_when(10**6))
-        title_end, when_start = self.title.get_window_extent(renderer).x1, self.when.get_window_extent(renderer).x0
+        title_end, when_start = self.title.get_window_extent(renderer).x1, math.inf
+        for widest in (attention_when(10**6), attention_when(10**6 + 0.5, 10**8)):
+            self.when.set_text(widest)
+            when_start = min(when_start, self.when.get_window_extent(renderer).x0)
         self.split = round((title_end + when_start) / 2) if title_end + 2 < when_start else None
         self.titles: dict[int, np.ndarray] = {}  # block: the top band's pixels up to ``split``, with its title
-        self.whens: tuple[int, np.ndarray] | None = None  # (epoch, the top band's pixels from ``split``)
+        self.whens: tuple[str, np.ndarray] | None = None  # (when, the top band's pixels from ``split``)
 
     def rgb(self) -> np.ndarray:
         return np.asarray(self.canvas.buffer_rgba())[:, :, :3].copy()
@@ -172,12 +181,13 @@ class AttentionFigure:
         rgb[np.isnan(values)] = 255  # the masked future and the gaps: the white axes behind the image
         return rgb.repeat(self.cell, axis=0).repeat(self.cell, axis=1)
 
-    def pixels(self, weights: torch.Tensor, block: int, epoch: int) -> np.ndarray:
-        """The figure for ``block``'s ``weights`` (n_heads, T, T) after ``epoch`` (0: the start), (height, width, 3)
-        uint8 RGB."""
+    def pixels(self, weights: torch.Tensor, block: int, epoch: float, step: int | None = None) -> np.ndarray:
+        """The figure for ``block``'s ``weights`` (n_heads, T, T) after ``epoch`` epochs (0: the start; a fraction:
+        the validation at ``step``, within an epoch), (height, width, 3) uint8 RGB."""
+        when = attention_when(epoch, step)
         if self.split is None:
             self.title.set_text(attention_title(block))
-            self.when.set_text(attention_when(epoch))
+            self.when.set_text(when)
             self.canvas.restore_region(self.background)
             self.fig.draw_artist(self.title)
             self.fig.draw_artist(self.when)
@@ -185,8 +195,8 @@ class AttentionFigure:
         else:
             if block not in self.titles:
                 self.titles[block] = self.band(self.title, attention_title(block), slice(0, self.split))
-            if self.whens is None or self.whens[0] != epoch:
-                self.whens = (epoch, self.band(self.when, attention_when(epoch), slice(self.split, None)))
+            if self.whens is None or self.whens[0] != when:
+                self.whens = (when, self.band(self.when, when, slice(self.split, None)))
             out = self.base.copy()
             out[: self.rows.start, : self.split] = self.titles[block]
             out[: self.rows.start, self.split :] = self.whens[1]
@@ -203,8 +213,9 @@ class AttentionMaps(ValidationProbe):
         at (keys up to it), the tokens as labels. Scalars ``attention/entropy/block_1`` ... ``block_N``: the mean
         entropy, in nats, of the attention rows over every head, position and the first ``num_sequences``
         validation windows (a fixed batch); lower is sharper (a row that looks at one token has 0, a row
-        spread evenly over t tokens has log t). At the start of a fresh run and after every epoch, at the step
-        of ``loss/val``, on the main process, in eval mode without gradients. The weights are written out as
+        spread evenly over t tokens has log t). At the start of a fresh run and after every validation of
+        ``fit``, at the step of its ``loss/val``, on the main process, in eval mode without gradients; the scalars
+        to every logger, the images to every TensorBoard logger. The weights are written out as
         softmax(Q K^T / sqrt(head_dim) + mask) from each block's own q and k projections. Skipped, with one
         logged line, under strategies that shard the parameters.
 
@@ -230,12 +241,12 @@ class AttentionMaps(ValidationProbe):
         n = self.num_tokens
         return [w[0, :, :n, :n].cpu() for w in weights], [row_entropy(w).mean().item() for w in weights]
 
-    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, values: tuple) -> None:
+    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float, values: tuple) -> None:
         sentence, entropies = values
-        trainer.logger.log_metrics({f"attention/entropy/block_{i}": v for i, v in enumerate(entropies, 1)}, step=step)
-        writer = tensorboard_writer(trainer)
-        if writer is not None:
+        log_scalars(trainer, {f"attention/entropy/block_{i}": v for i, v in enumerate(entropies, 1)}, step)
+        writers = tensorboard_writers(trainer)
+        if writers:
             if self.figure is None:
                 self.figure = AttentionFigure(sentence[0], self.labels)
             for i, weights in enumerate(sentence, 1):
-                add_png(writer, f"attention/block_{i}", self.figure.pixels(weights, i, epoch), step)
+                add_png(writers, f"attention/block_{i}", self.figure.pixels(weights, i, epoch, step), step)

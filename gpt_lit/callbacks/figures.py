@@ -1,15 +1,16 @@
-"""The chapter's figures, redrawn after every epoch into TensorBoard's Images tab."""
+"""The chapter's figures, redrawn after every validation into TensorBoard's Images tab."""
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Any
 from weakref import WeakKeyDictionary
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import Callback
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
@@ -19,9 +20,10 @@ from matplotlib.ticker import MaxNLocator
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.grad_norms import BlockGradNorms
 from gpt_lit.callbacks.similarity import PositionSimilarity
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import tensorboard_writers
 from gpt_lit.callbacks.unigram import unigram_entropy
 
 # The chapter's figure: train solid, validation dashed, one colour per model kind, the floor dotted black.
@@ -34,7 +36,7 @@ TITLE = {"fontsize": "medium", "y": 1.0}  # y given: matplotlib skips finding ro
 def loss_figure(
     epochs: list[dict[str, Any]], floor: float | None, residual: bool = True, into: ReusedFigure | None = None
 ) -> Figure:
-    """Whole-set training and validation loss after each epoch against the training step, the floor dotted."""
+    """Whole-set training and validation loss at each validation against the training step, the floor dotted."""
     fig, ax = epochs_axes(legend=False, into=into)
     colour, name = RUN_COLOURS[residual], RUN_LABELS[residual]
     for key, style, label in (("train", "-", "train"), ("val", "--", "validation")):
@@ -47,7 +49,7 @@ def loss_figure(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("loss (nats)")
-    ax.set_title("Loss on the whole training and validation sets, after each epoch", **TITLE)
+    ax.set_title("Loss on the whole training and validation sets, at each validation", **TITLE)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize="small")  # the losses fall from the upper left: that corner stays empty
     return fig
@@ -193,27 +195,33 @@ def run_epochs(trainer: L.Trainer) -> int | None:
     return trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
 
 
-def epoch_label(epoch: int) -> str:
-    """A line's name: "start" (``epoch`` 0), else "epoch k", counted from 0 as the progress bar counts."""
-    return "start" if epoch == 0 else f"epoch {epoch - 1}"
+def epoch_label(epoch: float, step: int | None = None) -> str:
+    """A line's name: "start" (``epoch`` 0); "epoch k" for the validation at epoch k's end (``epoch`` k + 1: epochs
+    counted from 0, as the progress bar counts); "epoch k, step s" for one within epoch k, at step ``step``."""
+    if epoch == 0:
+        return "start"
+    if epoch == int(epoch):
+        return f"epoch {int(epoch) - 1}"
+    return f"epoch {math.floor(epoch)}" + (f", step {step}" if step is not None else "")
 
 
 def last_epoch(history: list[dict[str, Any]], last: int | None) -> int:
     """The end of the colour scale: the run's last epoch (``trainer.max_epochs``), or the history's if later or
     unknown."""
-    return max([last or 0, *(point["epoch"] for point in history)])
+    return math.ceil(max([last or 0, *(point["epoch"] for point in history)]))
 
 
-def epoch_colour(epoch: int, last: int) -> tuple[float, ...]:
-    """The colour of the line measured after ``epoch`` (0: the start) on a scale from the start (dark) to the run's
-    ``last`` epoch (light): fixed for the whole run, so an epoch has the same colour in every image and figure."""
+def epoch_colour(epoch: float, last: int) -> tuple[float, ...]:
+    """The colour of the line measured after ``epoch`` epochs (0: the start; a fraction: within an epoch) on a scale
+    from the start (dark) to the run's ``last`` epoch (light): fixed for the whole run, so an epoch has the same
+    colour in every image and figure."""
     return colormaps["viridis"](0.9 * epoch / max(last, 1))
 
 
 def epoch_lines(history: list[dict[str, Any]], last: int | None) -> list[tuple[dict[str, Any], tuple[float, ...], str]]:
     """Each point of ``history`` with its line's colour (``epoch_colour`` up to ``last_epoch``) and name."""
     end = last_epoch(history, last)
-    return [(point, epoch_colour(point["epoch"], end), epoch_label(point["epoch"])) for point in history]
+    return [(p, epoch_colour(p["epoch"], end), epoch_label(p["epoch"], p.get("step"))) for p in history]
 
 
 _COLOURBARS: WeakKeyDictionary[Figure, tuple[tuple[int, int, bool], Any]] = WeakKeyDictionary()  # fig: (scale, axes)
@@ -261,7 +269,7 @@ def finish_epochs_axes(
     ax.grid(alpha=0.3, which=grid)
     if epochs is not None and epochs[0]:
         history, last = epochs
-        first = min(point["epoch"] for point in history)
+        first = math.floor(min(point["epoch"] for point in history))
         epoch_colourbar(ax.figure, first, last_epoch(history, last), floor is not None)
 
 
@@ -284,12 +292,13 @@ def png_bytes(pixels: np.ndarray) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b"")
 
 
-def add_png(writer: SummaryWriter, tag: str, pixels: np.ndarray, step: int) -> None:
-    """``writer.add_image(tag, pixels, step, dataformats="HWC")`` for (height, width, 3) uint8 RGB, the PNG
-    written by ``png_bytes`` (add_image has Pillow encode it, 3x slower)."""
+def add_png(writers: SummaryWriter | Sequence[SummaryWriter], tag: str, pixels: np.ndarray, step: int) -> None:
+    """``writer.add_image(tag, pixels, step, dataformats="HWC")`` into each of ``writers`` for (height, width, 3)
+    uint8 RGB, the PNG written once by ``png_bytes`` (add_image has Pillow encode it, 3x slower)."""
     height, width, channels = pixels.shape
     image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png_bytes(pixels))
-    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+    for writer in [writers] if isinstance(writers, SummaryWriter) else writers:
+        writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 def figure_pixels(fig: Figure) -> np.ndarray:
@@ -299,9 +308,10 @@ def figure_pixels(fig: Figure) -> np.ndarray:
     return reused.pixels() if reused is not None else figure_pixels_drawn(fig)
 
 
-def add_figure(writer: SummaryWriter, tag: str, fig: Figure, step: int) -> None:
-    """``fig``'s pixels (``figure_pixels``) into TensorBoard's Images tab as ``tag`` at ``step`` (``add_png``)."""
-    add_png(writer, tag, figure_pixels(fig), step)
+def add_figure(writers: SummaryWriter | Sequence[SummaryWriter], tag: str, fig: Figure, step: int) -> None:
+    """``fig``'s pixels (``figure_pixels``, drawn once) into each writer's Images tab as ``tag`` at ``step``
+    (``add_png``)."""
+    add_png(writers, tag, figure_pixels(fig), step)
 
 
 def figure_pixels_drawn(fig: Figure) -> np.ndarray:
@@ -311,19 +321,20 @@ def figure_pixels_drawn(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
 
 
-class ChapterFigures(Callback):
+class ChapterFigures(AfterValidation):
     def __init__(self) -> None:
-        """Draw the chapter's figures into TensorBoard's Images tab after every epoch, at the step of ``loss/val``.
+        """Draw the chapter's figures into TensorBoard's Images tab after every validation of ``fit``, at the step of
+        its ``loss/val``, into every TensorBoard logger the trainer has.
 
-        ``figures/losses``: whole-set training and validation loss per epoch and the unigram floor (dotted),
-        coloured and labelled like the chapter's figure. ``figures/grad_norm_by_block``: the gradient norm of
-        each block against its depth, at the latest logged step (needs ``BlockGradNorms``).
-        ``figures/similarity_by_block``: the similarity between positions against depth, one line per epoch
-        so far (needs ``PositionSimilarity``, listed before this callback). Drawn with matplotlib's Agg canvas
-        on the main process only; the losses seen so far are kept in checkpoints, so a resumed run's figure
-        is whole.
+        ``figures/losses``: whole-set training and validation loss at each validation (that validation's own
+        results) and the unigram floor (dotted), coloured and labelled like the chapter's figure.
+        ``figures/grad_norm_by_block``: the gradient norm of each block against its depth, at the latest logged
+        step (needs ``BlockGradNorms``). ``figures/similarity_by_block``: the similarity between positions against
+        depth, one line per validation so far (needs ``PositionSimilarity``, listed before this callback). Drawn
+        with matplotlib's Agg canvas on the main process only; the losses seen so far are kept in checkpoints, so a
+        resumed run's figure is whole.
         """
-        self.epochs: list[dict[str, Any]] = []  # {"epoch", "step", "train", "val"}
+        self.epochs: list[dict[str, Any]] = []  # one per validation: {"epoch", "step", "train", "val"}
         self.floor: float | None = None
         self.reused = {tag: ReusedFigure() for tag in ("losses", "grad_norm_by_block", "similarity_by_block")}
 
@@ -331,31 +342,30 @@ class ChapterFigures(Callback):
         ids = getattr(trainer.datamodule, "book_ids", None)
         self.floor = unigram_entropy(ids) if ids is not None else None
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        writer = tensorboard_writer(trainer)
-        if writer is None:
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        if not trainer.is_global_zero:
             return
-        step, metrics = epoch_end_step(trainer), trainer.callback_metrics
-
-        def value(key: str) -> float | None:
-            return float(metrics[key]) if key in metrics else None
-
-        self.epochs.append({"epoch": trainer.current_epoch + 1, "step": step, "train": value("loss/train"),
-                            "val": value("loss/val")})  # fmt: skip
+        step, results = validation.step, validation.results
+        self.epochs.append({"epoch": validation.epoch, "step": step, "train": results.get("loss/train"),
+                            "val": results.get("loss/val")})  # fmt: skip
+        writers = tensorboard_writers(trainer)
+        if not writers:
+            return
         residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
-        self._add(writer, "figures/losses", loss_figure(self.epochs, self.floor, residual, self.reused["losses"]), step)
+        fig = loss_figure(self.epochs, self.floor, residual, self.reused["losses"])
+        self._add(writers, "figures/losses", fig, step)
         grads = next((cb for cb in trainer.callbacks if isinstance(cb, BlockGradNorms)), None)
         if grads is not None and grads.latest is not None:
             fig = grad_norm_figure(grads.latest[1], grads.latest[0], self.reused["grad_norm_by_block"])
-            self._add(writer, "figures/grad_norm_by_block", fig, step)
+            self._add(writers, "figures/grad_norm_by_block", fig, step)
         history = next((cb.history for cb in trainer.callbacks if isinstance(cb, PositionSimilarity)), [])
         if history:
             fig = similarity_figure(history, self.reused["similarity_by_block"], run_epochs(trainer))
-            self._add(writer, "figures/similarity_by_block", fig, step)
+            self._add(writers, "figures/similarity_by_block", fig, step)
 
     @staticmethod
-    def _add(writer, tag: str, fig: Figure, step: int) -> None:
-        add_figure(writer, tag, fig, step)
+    def _add(writers: list[SummaryWriter], tag: str, fig: Figure, step: int) -> None:
+        add_figure(writers, tag, fig, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs}

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
-from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.callbacks.unigram import unigram_entropy
 from gpt_lit.model import GPT
 from gpt_lit.ops import vocab_blocked_token_losses
@@ -39,7 +39,7 @@ def read_out(model: GPT, outputs: list[torch.Tensor], y: torch.Tensor) -> list[f
 def lens_figure(
     history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None, last: int | None = None
 ) -> Figure:
-    """Lens loss against depth, one line per epoch so far (coloured by ``epoch_lines`` up to ``last``), the unigram
+    """Lens loss against depth, one line per validation so far (coloured by ``epoch_lines`` up to ``last``), the unigram
     floor dotted."""
     fig, ax = epochs_axes(into=into)
     for point, colour, label in epoch_lines(history, last):
@@ -60,21 +60,21 @@ class LogitLens(ValidationProbe):
     def __init__(self, num_sequences: int = 2):
         """Log the validation loss of the stream after each block, read out through the final norm and the head.
 
-        ``lens/block_1`` ... ``block_N``: the cross-entropy on the first ``num_sequences`` validation windows
-        (a fixed batch) when the model's output head reads the stream after block i (through the final norm)
-        instead of after the last block; ``block_N`` is the model's own loss on those windows. After every
-        epoch, at the step of ``loss/val``, on the main process, in eval mode without gradients. The image
-        ``figures/lens_by_block`` draws the loss against depth, one line per epoch, with the unigram floor
-        dotted. Each depth costs one pass of the output head (vocab_size x emb_dim) over the batch: with the
-        default 2 windows ~0.55% of the residual config's run time on a 2-core CPU, each window more ~0.2%.
-        Skipped, with one logged line, under strategies that shard the parameters.
+        ``lens/block_1`` ... ``block_N``: the cross-entropy on the first ``num_sequences`` validation windows (a fixed
+        batch) when the model's output head reads the stream after block i (through the final norm) instead of after the
+        last block; ``block_N`` is the model's own loss on those windows. After every validation of ``fit``, at the step
+        of its ``loss/val``, to every logger, on the main process, in eval mode without gradients. The image
+        ``figures/lens_by_block`` (to every TensorBoard logger) draws the loss against depth, one line per validation,
+        with the unigram floor dotted. Each depth costs one pass of the output head (vocab_size x emb_dim) over the
+        batch: with the default 2 windows ~0.55% of the residual config's run time on a 2-core CPU, each window more
+        ~0.2%. Skipped, with one logged line, under strategies that shard the parameters.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
         super().__init__(num_sequences)
         self.floor: float | None = None
-        self.reused = ReusedFigure()  # the figure, drawn again each epoch
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
 
     def prepare(self, trainer: L.Trainer) -> None:
         ids = getattr(trainer.datamodule, "book_ids", None)
@@ -85,11 +85,11 @@ class LogitLens(ValidationProbe):
         return read_out(model, self.blocks(model, x).block_out, y)  # as lens_losses, from the shared pass
 
     def record(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, blocks: list[float]
+        self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float, blocks: list[float]
     ) -> None:
         self.history.append({"step": step, "epoch": epoch, "blocks": blocks})
-        trainer.logger.log_metrics({f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step=step)
-        writer = tensorboard_writer(trainer)
-        if writer is not None:
+        log_scalars(trainer, {f"lens/block_{i}": v for i, v in enumerate(blocks, 1)}, step)
+        writers = tensorboard_writers(trainer)
+        if writers:
             fig = lens_figure(self.history, self.floor, self.reused, run_epochs(trainer))
-            add_figure(writer, "figures/lens_by_block", fig, step)
+            add_figure(writers, "figures/lens_by_block", fig, step)

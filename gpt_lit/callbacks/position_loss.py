@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.callbacks.unigram import unigram_entropy
 
 
@@ -34,7 +34,7 @@ def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
 def position_figure(
     history: list[dict[str, Any]], floor: float | None, into: ReusedFigure | None = None, last: int | None = None
 ) -> Figure:
-    """Validation loss against position (log scale), per epoch (coloured by ``epoch_lines`` up to ``last``): each
+    """Validation loss against position (log scale), per validation (coloured by ``epoch_lines`` up to ``last``): each
     position faint, each octave's mean (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
     fig, ax = epochs_axes(into=into)
     for point, colour, label in epoch_lines(history, last):
@@ -56,42 +56,41 @@ def position_figure(
     return fig
 
 
-class PositionLoss(Callback):
+class PositionLoss(AfterValidation):
     def __init__(self, positions: list[int] = [1, 8, 32, 128]):  # noqa: B006 (read only; a list for the YAML)
         """Log the whole validation set's loss at each position of a window, from the evaluation that already runs.
 
         Position p is the prediction of a window's token p + 1 from its first p tokens. ``GPTLightning``
         accumulates each position's loss sum and token count while it evaluates the validation set (summed over
         processes, so exact under DDP); the mean of the per-position losses equals ``loss/val``. After every
-        epoch, at the step of ``loss/val``: the scalars ``loss_by_position/<p>`` for the ``positions`` up to the
-        context length, and the image ``figures/loss_by_position``, one line per epoch, the unigram floor dotted.
-        No forward pass of its own.
+        validation of ``fit``, at the step of its ``loss/val``: the scalars ``loss_by_position/<p>`` for the
+        ``positions`` up to the context length (to every logger), and the image ``figures/loss_by_position``
+        (to every TensorBoard logger), one line per validation, the unigram floor dotted. No forward pass of its own.
 
         Args:
             positions: The positions (1 .. context_length) logged as scalars.
         """
         self.positions = list(positions)
         self.floor: float | None = None
-        self.reused = ReusedFigure()  # the figure, drawn again each epoch
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
         self.history: list[dict[str, Any]] = []  # {"step", "epoch", "losses"}; in checkpoints
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ids = getattr(trainer.datamodule, "book_ids", None)
         self.floor = unigram_entropy(ids) if ids is not None else None
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        losses = getattr(pl_module, "last_val_loss_by_position", None)
-        if losses is None or trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        losses = validation.results.get("loss_by_position")
+        if losses is None or not trainer.loggers or not trainer.is_global_zero:
             return
-        pl_module.last_val_loss_by_position = None  # each evaluation is logged once
-        step, losses = epoch_end_step(trainer), losses.tolist()
-        self.history.append({"step": step, "epoch": trainer.current_epoch + 1, "losses": losses})
-        metrics = {f"loss_by_position/{p}": losses[p - 1] for p in self.positions if 1 <= p <= len(losses)}
-        trainer.logger.log_metrics(metrics, step=step)
-        writer = tensorboard_writer(trainer)
-        if writer is not None:
+        step, losses = validation.step, losses.tolist()
+        self.history.append({"step": step, "epoch": validation.epoch, "losses": losses})
+        shown = [p for p in self.positions if 1 <= p <= len(losses)]
+        log_scalars(trainer, {f"loss_by_position/{p}": losses[p - 1] for p in shown}, step)
+        writers = tensorboard_writers(trainer)
+        if writers:
             fig = position_figure(self.history, self.floor, self.reused, run_epochs(trainer))
-            add_figure(writer, "figures/loss_by_position", fig, step)
+            add_figure(writers, "figures/loss_by_position", fig, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}

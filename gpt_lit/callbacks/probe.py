@@ -9,10 +9,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.block_pass import SHARED_PASS, BlockRecord
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start, shards_parameters
 from gpt_lit.model import GPT
 
 
@@ -61,12 +61,13 @@ def diagnostic_threads() -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-class ValidationProbe(Callback):
-    """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every epoch, at the step
-    of ``loss/val``, and at the start of a fresh run when ``at_start``; on the main process, on ``diagnostic_threads``,
-    in eval mode without gradients, then back in training mode. A subclass says what to ``measure`` and how to
-    ``record`` it. ``history`` (one entry per measurement, for figures that draw every epoch so far) goes into
-    checkpoints, so a resumed run's figures keep the epochs before the stop. Skipped, with one logged line, under
+class ValidationProbe(AfterValidation):
+    """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every validation of
+    ``fit`` (``AfterValidation``), at the step of its ``loss/val``, and at the start of a fresh run when
+    ``at_start``; on the main process, on ``diagnostic_threads``, in eval mode without gradients, then back in the
+    mode it was in. A subclass says what to ``measure`` and how to ``record`` it. ``history`` (one entry per
+    measurement, for figures that draw every validation so far) goes into checkpoints, so a resumed run's figures
+    keep the validations before the stop. Skipped, with one logged line, under
     strategies that shard the parameters (the model cannot be run outside their own forward). A probe that needs
     the blocks' inputs and outputs asks ``blocks``: the probes of one moment share one pass (``SharedPass``).
     """
@@ -79,7 +80,7 @@ class ValidationProbe(Callback):
         self.batch: Any = None  # (n, T) token IDs, or a pair of them with the targets
         self.history: list[dict[str, Any]] = []  # in checkpoints
         self.active = True
-        self.moment: tuple[int, int] = (0, 0)  # (step, epoch) of the measurement being made
+        self.moment: tuple[int, float] = (0, 0)  # (step, epoch) of the measurement being made
 
     def blocks(self, model: GPT, idx: torch.Tensor) -> BlockRecord:
         """What every block read and wrote on the token IDs ``idx``, from the pass this moment's probes share."""
@@ -89,15 +90,16 @@ class ValidationProbe(Callback):
         """What this diagnostic computes from the model on the batch (already on the model's device)."""
         raise NotImplementedError
 
-    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, values: Any) -> None:
-        """Log ``values`` (and keep what figures need in ``history``) at ``step``, after ``epoch`` (0: the start)."""
+    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float, values: Any) -> None:
+        """Log ``values`` (and keep what figures need in ``history``) at ``step``, after ``epoch`` epochs (0: the
+        start; a fraction: a validation within an epoch)."""
         raise NotImplementedError
 
     def prepare(self, trainer: L.Trainer) -> None:
         """At the start of fit, once the batch is chosen: anything else this diagnostic needs from the data."""
 
-    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int) -> None:
-        if trainer.logger is None or trainer.sanity_checking or not trainer.is_global_zero:
+    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> None:
+        if not trainer.loggers or trainer.sanity_checking or not trainer.is_global_zero:
             return
         batch = (
             tuple(t.to(pl_module.device) for t in self.batch) if self.with_targets else self.batch.to(pl_module.device)
@@ -128,9 +130,9 @@ class ValidationProbe(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         SHARED_PASS.clear()  # the weights are about to change; and the record's memory is freed
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
         if self.active:
-            self._probe(trainer, pl_module, step=epoch_end_step(trainer), epoch=trainer.current_epoch + 1)
+            self._probe(trainer, pl_module, step=validation.step, epoch=validation.epoch)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}

@@ -7,12 +7,13 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, tensorboard_writer
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
+from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 
 # The HParams tab's metric columns: TensorBoard shows each one's last scalar value in the session's run.
 METRICS = {
@@ -86,17 +87,18 @@ def session_end_summary(status: int) -> Summary:
     return hparams_summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
 
 
-class RunsTable(Callback):
+class RunsTable(AfterValidation):
     def __init__(self, first: list[str] | None = None) -> None:
         """Record the run in TensorBoard's HParams tab: one row per ``fit``, comparable across runs.
 
         At the start: the settings that define a run (n_layers, residual, emb_dim, n_heads, dropout, lr,
         batch_size, context_length, the trainer's precision, ``seed_everything`` and ``data.seed``); after
-        every epoch ``loss/val_best``, the lowest ``loss/val`` so far (kept in checkpoints); at the end, the
-        session's status. The table's metric columns are the last values of ``loss/train``, ``loss/val``
-        and ``loss/val_best``: with ``tensorboard --logdir lightning_logs``, the chapter's loss table of
-        every run. Lightning's ``log_hyperparams`` is not used: it also writes placeholder values into the
-        metrics' scalar tags.
+        every validation of ``fit``, at the step of its ``loss/val``, ``loss/val_best``, the lowest ``loss/val``
+        so far (kept in checkpoints), to every logger; at the end, the session's status. The table's metric
+        columns are the last values of ``loss/train``, ``loss/val`` and ``loss/val_best``: with ``tensorboard
+        --logdir lightning_logs``, the chapter's loss table of every run. Every TensorBoard logger gets the table;
+        Lightning's ``log_hyperparams`` is not used there (it also writes placeholder values into the metrics'
+        scalar tags), but every other logger (CSV: its hparams.yaml) gets the settings through it.
 
         Args:
             first: The settings shown first (TensorBoard shows five columns until more are ticked); default
@@ -106,23 +108,25 @@ class RunsTable(Callback):
         self.best: float | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        writer = tensorboard_writer(trainer)
-        if writer is not None:
-            settings = run_settings(trainer, pl_module)
+        if not trainer.loggers or not trainer.is_global_zero:
+            return
+        settings = run_settings(trainer, pl_module)
+        for writer in tensorboard_writers(trainer):
             writer._get_file_writer().add_summary(experiment_summary(settings, self.first))
             writer._get_file_writer().add_summary(session_start_summary(settings))
+        for logger in trainer.loggers:
+            if not isinstance(logger, TensorBoardLogger):
+                logger.log_hyperparams(settings)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        val = trainer.callback_metrics.get("loss/val")
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        val = validation.results.get("loss/val")
         if val is None:
             return
-        self.best = float(val) if self.best is None else min(self.best, float(val))
-        if trainer.logger is not None:
-            trainer.logger.log_metrics({"loss/val_best": self.best}, step=epoch_end_step(trainer))
+        self.best = val if self.best is None else min(self.best, val)
+        log_scalars(trainer, {"loss/val_best": self.best}, validation.step)
 
     def _end(self, trainer: L.Trainer, status: int) -> None:
-        writer = tensorboard_writer(trainer)
-        if writer is not None:
+        for writer in tensorboard_writers(trainer):
             writer._get_file_writer().add_summary(session_end_summary(status))
             writer.flush()
 

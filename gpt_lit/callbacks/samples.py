@@ -6,10 +6,10 @@ import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.probe import diagnostic_threads
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start, shards_parameters, tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start, shards_parameters, tensorboard_writers
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, CausalSelfAttention, generate
 from gpt_lit.tokenizer import get_tokenizer
@@ -115,15 +115,15 @@ def padded_prompts(prompts: list[list[int]], device: torch.device | str = "cpu")
     return torch.tensor([[PAD] * (longest - len(ids)) + ids for ids in prompts], device=device)
 
 
-class Samples(Callback):
+class Samples(AfterValidation):
     def __init__(self, prompts: list[str] | None = None, max_new_tokens: int = 30):
-        """Log each prompt's greedy continuation to the Text tab at the start and after every epoch.
+        """Log each prompt's greedy continuation to the Text tab at the start and after every validation of ``fit``.
 
-        One tag per prompt, ``samples/<prompt>``, one entry per epoch at the step of ``loss/val``, so the
-        Text tab shows gibberish turning into Wells. Uses the chapter's ``generate`` (greedy: argmax, no
-        random numbers drawn), in eval mode, then puts the model's training mode back; the global random
-        state is untouched, so resumed runs stay exact. On the main process only; skipped, with one logged
-        line, under strategies that shard the parameters.
+        One tag per prompt, ``samples/<prompt>``, one entry per validation at the step of its ``loss/val``, in every
+        TensorBoard logger, so the Text tab shows gibberish turning into Wells. Uses the chapter's ``generate`` (greedy:
+        argmax, no random numbers drawn), in eval mode, then puts the model's training mode back; the global random
+        state is untouched, so resumed runs stay exact. On the main process only; skipped, with one logged line, under
+        strategies that shard the parameters.
 
         Args:
             prompts: Texts to continue; default "The Time Traveller" and "I saw".
@@ -155,16 +155,17 @@ class Samples(Callback):
             model.train(was_training)  # generate() switches the model to eval mode and leaves it there
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
-        writer = tensorboard_writer(trainer)
-        if writer is None or not self.active:
+        writers = tensorboard_writers(trainer)
+        if not writers or not self.active:
             return
         for prompt, text in zip(self.prompts, self.continuations(pl_module), strict=True):
-            writer.add_text(f"samples/{prompt}", sample_markdown(prompt, text), step)
+            for writer in writers:
+                writer.add_text(f"samples/{prompt}", sample_markdown(prompt, text), step)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.active = not shards_parameters(trainer, "Samples")
         if is_fresh_start(trainer):  # a resumed run logged its start already
             self._log(trainer, pl_module, 0)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log(trainer, pl_module, epoch_end_step(trainer))
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        self._log(trainer, pl_module, validation.step)

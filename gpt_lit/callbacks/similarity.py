@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from gpt_lit.callbacks.block_pass import record_blocks
 from gpt_lit.callbacks.probe import ValidationProbe
+from gpt_lit.callbacks.tensorboard_log import log_scalars
 from gpt_lit.model import GPT
 
 
@@ -47,14 +48,14 @@ def similarities(outputs: list[torch.Tensor]) -> list[float]:
 
 class PositionSimilarity(ValidationProbe):
     def __init__(self, num_sequences: int = 4):
-        """Log the similarity between positions after every block, at the start of training and after every epoch.
+        """Log the similarity between positions after every block, at the start of training and after every validation.
 
-        The mean cosine similarity between the output vectors of different positions of a sequence, over the
-        first ``num_sequences`` validation windows (a fixed batch), evaluated without dropout and without
-        gradients: ``similarity/block_1`` ... ``similarity/block_N`` at the output of each block, and
-        ``similarity/positions`` at the top of the stack (before the final norm; equal to block_N), the
-        chapter's number: 0.563 with residuals, 1.000 without (12 blocks, untrained). Epoch-end values share
-        the step of ``loss/val``. Skipped, with one logged line, under strategies that shard the parameters.
+        The mean cosine similarity between the output vectors of different positions of a sequence, over the first
+        ``num_sequences`` validation windows (a fixed batch), evaluated without dropout and without gradients:
+        ``similarity/block_1`` ... ``similarity/block_N`` at the output of each block, and ``similarity/positions`` at
+        the top of the stack (before the final norm; equal to block_N), the chapter's number: 0.563 with residuals,
+        1.000 without (12 blocks, untrained). The values of each validation of ``fit`` share the step of its
+        ``loss/val``; to every logger. Skipped, with one logged line, under strategies that shard the parameters.
 
         Args:
             num_sequences: How many validation windows to average over (a fixed batch).
@@ -66,9 +67,9 @@ class PositionSimilarity(ValidationProbe):
         return similarities(self.blocks(model, batch).block_out)  # as block_similarities, from the shared pass
 
     def record(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, blocks: list[float]
+        self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float, blocks: list[float]
     ) -> None:
         self.history.append({"step": step, "epoch": epoch, "blocks": blocks})  # epoch 0: the start
         metrics = {f"similarity/block_{i}": v for i, v in enumerate(blocks, 1)}
         metrics["similarity/positions"] = blocks[-1]
-        trainer.logger.log_metrics(metrics, step=step)
+        log_scalars(trainer, metrics, step)

@@ -12,7 +12,7 @@ from matplotlib.ticker import LogFormatter
 from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
 from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
 from gpt_lit.callbacks.probe import ValidationProbe
-from gpt_lit.callbacks.tensorboard_log import tensorboard_writer
+from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.model import GPT
 
 
@@ -48,8 +48,8 @@ def sizes(record: BlockRecord) -> dict[str, Any]:
 def stream_figure(
     history: list[dict[str, Any]], residual: bool, into: ReusedFigure | None = None, last: int | None = None
 ) -> Figure:
-    """The stream's RMS against depth (0: the embeddings), one line per epoch so far (coloured by ``epoch_lines`` up
-    to ``last``; dark: the start)."""
+    """The stream's RMS against depth (0: the embeddings), one line per validation so far (coloured by ``epoch_lines``
+    up to ``last``; dark: the start)."""
     fig, ax = epochs_axes(into=into)
     for point, colour, label in epoch_lines(history, last):
         sizes = [point["embeddings"], *point["rms"]]
@@ -70,35 +70,35 @@ class ResidualStream(ValidationProbe):
     def __init__(self, num_sequences: int = 4):
         """Log the size of the residual stream after each block, and how much each sub-layer writes into it.
 
-        On the first ``num_sequences`` validation windows (a fixed batch), in eval mode without gradients, at
-        the start of a fresh run and after every epoch, at the step of ``loss/val``, on the main process:
-        ``stream/rms/block_1`` ... ``block_N``, the root-mean-square of the stream after each block
-        (``stream/rms/embeddings``: entering block 1); ``stream/update/attn_i`` and ``stream/update/ffn_i``, the
-        RMS of the sub-layer's output over the RMS of the stream it is added to (0.1: it nudges the stream;
-        1: it writes as much as is there). Without residuals nothing is added: the sub-layer's output *is* the
-        next stream, and the ratio is its output's size over its input's. The image ``figures/stream_by_block``
-        draws the stream's size against depth, one line per epoch. Skipped, with one logged line, under
-        strategies that shard the parameters.
+        On the first ``num_sequences`` validation windows (a fixed batch), in eval mode without gradients, at the start
+        of a fresh run and after every validation of ``fit``, at the step of its ``loss/val``, to every logger, on the
+        main process: ``stream/rms/block_1`` ... ``block_N``, the root-mean-square of the stream after each block
+        (``stream/rms/embeddings``: entering block 1); ``stream/update/attn_i`` and ``stream/update/ffn_i``, the RMS of
+        the sub-layer's output over the RMS of the stream it is added to (0.1: it nudges the stream; 1: it writes as
+        much as is there). Without residuals nothing is added: the sub-layer's output *is* the next stream, and the
+        ratio is its output's size over its input's. The image ``figures/stream_by_block`` (to every TensorBoard logger)
+        draws the stream's size against depth, one line per validation. Skipped, with one logged line, under strategies
+        that shard the parameters.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
         super().__init__(num_sequences)
-        self.reused = ReusedFigure()  # the figure, drawn again each epoch
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
 
     def measure(self, model: GPT, batch: torch.Tensor) -> dict[str, Any]:
         return sizes(self.blocks(model, batch))  # as stream_sizes, from the shared pass
 
-    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: int, sizes: dict) -> None:
+    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float, sizes: dict) -> None:
         self.history.append({"step": step, "epoch": epoch, **sizes})  # "embeddings", "rms", "attn", "ffn"
         metrics = {"stream/rms/embeddings": sizes["embeddings"]}
         for i in range(len(sizes["rms"])):
             metrics[f"stream/rms/block_{i + 1}"] = sizes["rms"][i]
             metrics[f"stream/update/attn_{i + 1}"] = sizes["attn"][i]
             metrics[f"stream/update/ffn_{i + 1}"] = sizes["ffn"][i]
-        trainer.logger.log_metrics(metrics, step=step)
-        writer = tensorboard_writer(trainer)
-        if writer is not None:
+        log_scalars(trainer, metrics, step)
+        writers = tensorboard_writers(trainer)
+        if writers:
             residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
             fig = stream_figure(self.history, residual, self.reused, run_epochs(trainer))
-            add_figure(writer, "figures/stream_by_block", fig, step)
+            add_figure(writers, "figures/stream_by_block", fig, step)

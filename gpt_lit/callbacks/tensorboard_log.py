@@ -1,4 +1,4 @@
-"""Where and when the diagnostic callbacks write: TensorBoard's writer, and the step ``self.log`` uses."""
+"""Where the diagnostic callbacks write: scalars to every logger, images and text to every TensorBoard writer."""
 
 from __future__ import annotations
 
@@ -11,35 +11,33 @@ from gpt_lit import distributed
 from gpt_lit.event_checksums import use_c_checksums
 
 
-def epoch_end_step(trainer: L.Trainer) -> int:
-    """The step Lightning's ``self.log`` gives epoch-end values (``loss/val``, ``loss/train``).
-
-    ``self.log`` counts Lightning's ``_batches_that_stepped``; at the end of an epoch it logs at the last
-    training step's index (one less than ``trainer.global_step`` without gradient accumulation). Diagnostics
-    logged at the end of an epoch use the same step, so all of an epoch's end lines up in TensorBoard.
-    """
-    return max(trainer.fit_loop.epoch_loop._batches_that_stepped - 1, 0)
-
-
 def is_fresh_start(trainer: L.Trainer) -> bool:
-    """True at the start of a new run; False when ``fit`` resumed from a checkpoint (its start was logged)."""
-    # global_step too: a checkpoint saved in on_train_batch_end holds the step count before Lightning adds that
-    # step to _batches_that_stepped (it adds it after on_train_start, checked against Lightning 2.6.6)
-    return trainer.global_step == 0 and trainer.fit_loop.epoch_loop._batches_that_stepped == 0
+    """True at the start of a new run; False when ``fit`` resumed from a checkpoint (``trainer.ckpt_path``: the run
+    that saved it logged the start)."""
+    return trainer.ckpt_path is None
 
 
-def tensorboard_writer(trainer: L.Trainer) -> SummaryWriter | None:
-    """The run's TensorBoard ``SummaryWriter`` on the main process; None elsewhere or without a TensorBoardLogger.
+def log_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
+    """``metrics`` at ``step`` to every logger the trainer has, on the main process, as ``self.log`` sends them
+    (``logger.log_metrics`` for each of ``trainer.loggers``); nothing without a logger (``logger: false``)."""
+    if not trainer.is_global_zero or trainer.sanity_checking:
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
 
-    Its records are checksummed in C from here on (``use_c_checksums``): the images the diagnostics write would
+
+def tensorboard_writers(trainer: L.Trainer) -> list[SummaryWriter]:
+    """The ``SummaryWriter`` of every TensorBoardLogger the trainer has, on the main process (none elsewhere, or
+    during the sanity check): images, text and figures go to each; the other loggers take none.
+
+    Their records are checksummed in C from here on (``use_c_checksums``): the images the diagnostics write would
     otherwise be checksummed in pure Python, slowing the diagnostics that run meanwhile."""
     if not trainer.is_global_zero or trainer.sanity_checking:
-        return None
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            use_c_checksums()
-            return logger.experiment
-    return None
+        return []
+    writers = [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+    if writers:
+        use_c_checksums()
+    return writers
 
 
 def shards_parameters(trainer: L.Trainer, what: str) -> bool:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lit.callbacks.tensorboard_log import epoch_end_step, is_fresh_start
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start, log_scalars, tensorboard_writers
 
 
 def unigram_entropy(ids: torch.Tensor) -> float:
@@ -41,12 +40,13 @@ def chart_layout() -> dict[str, dict[str, list]]:
     }
 
 
-class UnigramBaseline(Callback):
+class UnigramBaseline(AfterValidation):
     def __init__(self, chart: bool = True):
-        """Log ``loss/unigram_baseline`` (the book's unigram entropy), a flat line: at the start and every epoch's end.
+        """Log ``loss/unigram_baseline`` (the book's unigram entropy), a flat line: at the start and every validation.
 
-        Computed once from the data module's tokens of the whole book (6.35 nats; the chapter prints 6.346).
-        Its points sit at the steps of the epoch-end losses (``loss/train``, ``loss/val``), as many as theirs:
+        Computed once from the data module's tokens of the whole book (6.35 nats; the chapter prints 6.346), to
+        every logger. Its points sit at the steps of each validation's losses (``loss/train``, ``loss/val``), as
+        many as theirs:
         TensorBoard's "Ignore outliers in chart scaling" (on by default) scales a chart to the middle 90% of
         its points, and a floor written at every step would outnumber the losses and shrink the chart to it.
 
@@ -61,18 +61,13 @@ class UnigramBaseline(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.value = unigram_entropy(trainer.datamodule.book_ids)
-        if self.chart and trainer.is_global_zero:
-            for logger in trainer.loggers:
-                if isinstance(logger, TensorBoardLogger):
-                    logger.experiment.add_custom_scalars(chart_layout())
-
-    def _log(self, trainer: L.Trainer, step: int) -> None:
-        if trainer.logger is not None:  # loggers write on process 0 only
-            trainer.logger.log_metrics({"loss/unigram_baseline": self.value}, step=step)
+        if self.chart:
+            for writer in tensorboard_writers(trainer):
+                writer.add_custom_scalars(chart_layout())
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if is_fresh_start(trainer):  # the line starts at step 0 (a resumed run logged it before)
-            self._log(trainer, 0)
+            log_scalars(trainer, {"loss/unigram_baseline": self.value}, 0)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log(trainer, epoch_end_step(trainer))
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        log_scalars(trainer, {"loss/unigram_baseline": self.value}, validation.step)
