@@ -126,7 +126,8 @@ def run(request, tmp_path_factory) -> Iterator[Run]:
     kinds = [logger_config(kind, folder) for kind in LOGGERS[loggers]]
     options, val_steps = SETTINGS[setting]
     logger = ["--trainer.logger", json.dumps(kinds) if kinds else "false"]
-    cli = main(["fit", "--config", str(folder / "residual.yaml"), *RUN, *options.split(), *logger])
+    where = ["--trainer.default_root_dir", str(folder)]  # without a logger, the run's config.yaml goes there
+    cli = main(["fit", "--config", str(folder / "residual.yaml"), *RUN, *options.split(), *logger, *where])
     assert cli.trainer.state.finished
     events = [tensorboard_events(lg) for lg in cli.trainer.loggers if isinstance(lg, TensorBoardLogger)]
     yield Run(setting, loggers, cli.trainer, cli.model, cli.datamodule, val_steps, logged(cli.trainer), events)
