@@ -176,11 +176,12 @@ DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.acceler
 
 @pytest.fixture(scope="module")
 def two_processes(uninterrupted, tmp_path_factory) -> Path:
-    """Two steps on one pair of processes: the resume on two processes, and a batch no process can fill."""
+    """Three steps on one pair of processes: the resume, a batch no process can fill, and `test`."""
     cwd, step3 = tmp_path_factory.mktemp("resume_ddp"), uninterrupted.step3
     steps = [
         ("resumed", ["fit", *uninterrupted.args, *DDP, "--trainer.max_epochs", "1", "--ckpt_path", str(step3)]),
         ("too_big", ["fit", *uninterrupted.args, *DDP, "--data.batch_size", "30"]),  # 44 windows: 22 a process
+        ("test", ["test", *uninterrupted.args, *DDP, "--ckpt_path", str(step3)]),
     ]
     (cwd / "steps.json").write_text(json.dumps(steps))
     (cwd / "session.py").write_text(SESSION)
@@ -221,3 +222,10 @@ def test_a_batch_no_process_can_fill_is_one_line(two_processes):
         "error: 44 training windows give each of the 2 processes 22, no full batch of data.batch_size=30 (a batch "
         "size per process): use data.batch_size 22 or less, or fewer processes"
     )
+
+
+def test_test_on_two_processes_logs_its_reduced_losses_without_a_warning(two_processes):
+    codes = [json.loads((two_processes / f"codes.{r}.json").read_text())["test"] for r in (0, 1)]
+    err = "".join((two_processes / "test" / f"err.{r}").read_text() for r in (0, 1))
+    assert codes == [0, 0], err[-3000:]
+    assert "sync_dist" not in err  # Lightning's advice for values it would not reduce itself
