@@ -311,8 +311,8 @@ class TimeMachineData(L.LightningDataModule):
         }  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        if not state:
-            return
+        if not state or (self.trainer is not None and self.trainer.state.fn != "fit"):
+            return  # validate, test and predict train on nothing
         if "windows_done" in state and not state["epoch_done"]:
             check_same_order(state, self, str(self.trainer.ckpt_path) if self.trainer else "the checkpoint")
         self.saved_position = state
