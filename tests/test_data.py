@@ -170,7 +170,9 @@ def test_stride_follows_the_context_length_unless_given(capsys):
     assert capsys.readouterr().err == ""  # nothing skipped, nothing said
 
 
-@pytest.mark.parametrize("config", ["residual", "no_residual", "residual_8", "no_residual_8", "gpt2_124m_finetune"])
+@pytest.mark.parametrize(
+    "config", ["residual", "no_residual", "residual_8", "no_residual_8", "gpt2_124m", "gpt2_124m_finetune"]
+)
 def test_the_shipped_configs_cut_the_chapters_windows(config):
     data = yaml.safe_load((REPO / "configs" / f"{config}.yaml").read_text())["data"]
     assert "stride" in data and data["stride"] is None  # said, and left to follow the context length
