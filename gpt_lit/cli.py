@@ -208,6 +208,9 @@ class GPTLitCLI(LightningCLI):
         self.model.weights_from_checkpoint = bool(self.config[self.subcommand].get("ckpt_path"))
         if self.checkpoint is not None:
             check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
+            if self.subcommand == "fit":  # a mid-epoch resume that would reorder the epoch: before anything is written
+                data_state = self.checkpoint.get(type(self.datamodule).__qualname__, {})
+                self.datamodule.check_resume(data_state, self.config[self.subcommand].ckpt_path)
             self.checkpoint = None  # Lightning loads it again itself
         self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
         check_writable(self.trainer)

@@ -313,12 +313,17 @@ class TimeMachineData(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         if not state or (self.trainer is not None and self.trainer.state.fn != "fit"):
             return  # validate, test and predict train on nothing
-        if "windows_done" in state and not state["epoch_done"]:
-            check_same_order(state, self, str(self.trainer.ckpt_path) if self.trainer else "the checkpoint")
+        self.check_resume(state, str(self.trainer.ckpt_path) if self.trainer else "the checkpoint")
         self.saved_position = state
         # The training sampler leaves out what that epoch already trained on, so Lightning's
         # "your dataloader is not resumable" warning for mid-epoch checkpoints does not apply.
         warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+
+    def check_resume(self, state: dict, source: str) -> None:
+        """Raise a GptLitError if ``state`` (a checkpoint's ``state_dict()``) was saved mid-epoch with another order
+        of windows than this data's: the seed and window settings, and once set up, the windows themselves."""
+        if state and "windows_done" in state and not state["epoch_done"]:
+            check_same_order(state, order_settings(self), source)
 
     def resume_position(self, world: int) -> tuple[int, int, int] | None:
         """Where the epoch a checkpoint was saved in goes on: (epoch, windows done, batches done at this batch size).

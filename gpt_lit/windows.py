@@ -105,19 +105,19 @@ ORDER_SETTINGS = ("seed", "context_length", "stride", "train_fraction")
 
 
 def order_settings(data) -> dict:
-    """What fixes the epochs' global orders (``data``: a TimeMachineData after setup), as a checkpoint keeps it."""
-    return {
-        "seed": data.seed, "context_length": data.context_length, "stride": data.stride,
-        "train_fraction": data.train_fraction, "windows": len(data.train_set),
-        "windows_digest": data.train_set.fingerprint(),
-    }  # fmt: skip
+    """What fixes the epochs' global orders (``data``: a TimeMachineData), as a checkpoint keeps it; the windows
+    themselves once ``data`` is set up."""
+    settings = {key: getattr(data, key) for key in ORDER_SETTINGS}
+    if data.train_set is not None:
+        settings.update(windows=len(data.train_set), windows_digest=data.train_set.fingerprint())
+    return settings
 
 
-def check_same_order(saved: dict, data, source: str) -> None:
-    """Raise a GptLitError if a checkpoint saved mid-epoch (``saved``: its state) had another order of windows."""
-    now = order_settings(data)
+def check_same_order(saved: dict, now: dict, source: str) -> None:
+    """Raise a GptLitError if a checkpoint saved mid-epoch (``saved``: its state) had another order of windows
+    than ``now`` (``order_settings``; the windows are compared when it has them)."""
     changed = [f"data.{key} {saved[key]} (now {now[key]})" for key in ORDER_SETTINGS if saved.get(key) != now[key]]
-    if not changed and saved.get("windows_digest") != now["windows_digest"]:
+    if not changed and "windows_digest" in now and saved.get("windows_digest") != now["windows_digest"]:
         changed = ["another text (data.data_dir)"]
     if not changed:
         return

@@ -133,6 +133,8 @@ def test_a_resume_with_twice_the_batch_size_continues_from_the_same_window(unint
 
 
 def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterrupted, tmp_path, capfd):
+    config = uninterrupted.step3.parents[1] / "logs" / "config.yaml"  # the run's, as it ran
+    before = config.read_text()
     with pytest.raises(SystemExit) as stopped:
         resume(uninterrupted, tmp_path, "--data.seed", "7")
     err = capfd.readouterr().err
@@ -141,6 +143,7 @@ def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterr
     assert line.startswith(f"error: {uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training")
     assert "data.seed 123 (now 7)" in line
     assert not (tmp_path / "windows.0.json").exists()  # nothing trained
+    assert config.read_text() == before  # nor the run's config.yaml written over
 
 
 # Two processes (DDP over gloo, on the CPU), as tests/test_ddp.py runs them: Lightning starts process 1 by running
