@@ -20,9 +20,11 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning.pytorch as pl
+import yaml
 from jsonargparse import ActionConfigFile
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
@@ -60,6 +62,30 @@ from gpt_lit.tokenizer import vocab_size
 _COMMAND_LINE: list[str] = []
 # The --ckpt_path given, for the refusal of one only Lightning reads (a URL, hpc, registry)
 _CKPT_PATH: str | None = None
+
+
+# The model's keys that come from the data (linked): (the data's key, the model's key).
+LINKS = (("data.context_length", "model.config.context_length"), ("data.tokenizer", "model.config.vocab_size"))
+
+
+def refuse_linked_keys_in_configs(parser: LightningArgumentParser, args: Sequence[str]) -> None:
+    """A config file that sets a link's target gets the parser's error for it on the command line: jsonargparse
+    refuses ``--model.config.context_length`` there, but from a config file it would drop the value silently."""
+    args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith(("--config=", "-c=")) else [arg])]
+    missing = object()
+    for option, path in zip(args, args[1:], strict=False):
+        if option not in ("--config", "-c"):
+            continue
+        try:
+            config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # not a readable YAML file: the parser says so
+        for source, target in LINKS:
+            node: Any = config
+            for part in target.split("."):
+                node = node.get(part, missing) if isinstance(node, dict) else missing
+            if node is not missing:  # given, even as null
+                parser.error(f'Linked "{target}" must be given via "{source}".')
 
 
 class GPTLitParser(LightningArgumentParser):
@@ -109,14 +135,17 @@ class GPTLitCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names
-            self.config = parser.parse_args(with_shipped_configs(sys.argv[1:] if args is None else args))
+            args = with_shipped_configs(sys.argv[1:] if args is None else args)
+            refuse_linked_keys_in_configs(parser, args)
+            self.config = parser.parse_args(args)
         else:
             super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The model's position table and vocabulary come from the data, so the two can never disagree.
-        parser.link_arguments("data.context_length", "model.config.context_length")
-        parser.link_arguments("data.tokenizer", "model.config.vocab_size", compute_fn=vocab_size)
+        (context, context_target), (tokenizer, tokenizer_target) = LINKS
+        parser.link_arguments(context, context_target)
+        parser.link_arguments(tokenizer, tokenizer_target, compute_fn=vocab_size)
         parser.add_argument("--trust_checkpoint", type=bool, default=False, help=TRUST_HELP)
 
     def _parse_ckpt_path(self) -> None:
@@ -189,6 +218,9 @@ class GPTLitCLI(LightningCLI):
         self.model.weights_from_checkpoint = bool(self.config[self.subcommand].get("ckpt_path"))
         if self.checkpoint is not None:
             check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
+            if self.subcommand == "fit":  # a mid-epoch resume that would reorder the epoch: before anything is written
+                data_state = self.checkpoint.get(type(self.datamodule).__qualname__, {})
+                self.datamodule.check_resume(data_state, self.config[self.subcommand].ckpt_path)
             self.checkpoint = None  # Lightning loads it again itself
         self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
         check_writable(self.trainer)

@@ -51,7 +51,7 @@ def where_from(message: str, args: Sequence[str]) -> str:
             return f"{path}{line} is not valid YAML: {e.problem or e.context}"
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
-    match = re.search(r"option '([\w.]+)'|Parser key \"([\w.]+)\"|^([\w.]+): expected", message)
+    match = re.search(r"option '([\w.]+)'|Parser key \"([\w.]+)\"|^([\w.]+): expected|^Linked \"([\w.]+)\"", message)
     key = match and next(k for k in match.groups() if k)
     if not key:
         return ""

@@ -16,10 +16,13 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from gpt_lit.errors import GptLitError
-from gpt_lit.tokenizer import get_tokenizer
+from gpt_lit.tokenizer import encode, get_tokenizer
+from gpt_lit.windows import GlobalOrderSampler, TokenWindows, check_same_order, order_settings, skipped_text, steps_left
+
+__all__ = ["GlobalOrderSampler", "Prompts", "TimeMachineData", "TokenWindows", "load_book", "read_prompts_file"]
 
 BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
 BOOK_FILE = "pg35.txt"
@@ -116,38 +119,16 @@ def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
     return text
 
 
-class TokenWindows(Dataset):
-    """Windows of ``context_length`` tokens every ``stride`` tokens; the target is the input shifted by one."""
-
-    def __init__(self, ids: torch.Tensor, context_length: int, stride: int):
-        self.ids, self.context_length = ids, context_length
-        self.starts = list(range(0, len(ids) - context_length, stride))
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.starts[i]
-        return self.ids[s : s + self.context_length], self.ids[s + 1 : s + self.context_length + 1]
-
-
-class ResumableSampler(DistributedSampler):
-    """A DistributedSampler (each epoch's order fixed by seed + epoch) that can start one epoch part-way.
-
-    ``skip=(epoch, n)`` drops the first ``n`` indices of this process's share in that epoch: the windows a
-    run saved mid-epoch (by Ctrl-C or SIGTERM) had already trained on. Lightning keeps counting the epoch's
-    batches from where the checkpoint left off, so the epoch ends where it would have.
-    """
-
-    def __init__(self, *args, skip: tuple[int, int] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.skip = skip
-
-    def __iter__(self):
-        indices = list(super().__iter__())
-        if self.skip is not None and self.skip[0] == self.epoch:
-            indices, self.skip = indices[self.skip[1] :], None
-        return iter(indices)
+def read_prompts_file(path: str) -> list[str]:
+    """The prompts in a text file, one a line: UTF-8 (a byte-order mark is dropped), split on ``\n`` and ``\r\n``
+    only, blank lines skipped. Other characters that ``str.splitlines`` would split on (``\x0c``, ``\u2028``, ...)
+    stay inside their prompt."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GptLitError(f"cannot read data.prompts_file {path}: {e}") from None
+    lines = (line.removesuffix("\r") for line in text.split("\n"))
+    return [line for line in lines if line.strip()]
 
 
 class Prompts(Dataset):
@@ -159,12 +140,11 @@ class Prompts(Dataset):
     """
 
     def __init__(self, prompts: list[str], context_length: int):
-        enc = get_tokenizer()
         self.texts, self.ids = [], []
         for n, text in enumerate(prompts, 1):
             if not text.strip():
                 raise GptLitError(f"prompt {n} is empty: give every prompt some text to continue")
-            ids = enc.encode(text, allowed_special="all")
+            ids = encode(text)  # as the book is: all of it ordinary text
             if len(ids) > context_length:
                 warnings.warn(
                     f"prompt {n} has {len(ids)} tokens, more than context_length={context_length}; "
@@ -188,7 +168,7 @@ class TimeMachineData(L.LightningDataModule):
         tokenizer: str = "gpt2",
         download: bool = True,
         context_length: int = 128,
-        stride: int = 128,
+        stride: int | None = None,
         train_fraction: float = 0.9,
         batch_size: int = 16,
         eval_batch_size: int = 64,
@@ -209,10 +189,12 @@ class TimeMachineData(L.LightningDataModule):
                 model.config.vocab_size (linked).
             download: Download the book when it is not in data_dir (never needed for the shipped copy).
             context_length: Tokens per training window; also the model's context_length (linked).
-            stride: Tokens between the starts of consecutive windows (= context_length: no overlap).
+            stride: Tokens between the starts of consecutive windows. None (the default): context_length, the
+                chapter's windows that follow one another without overlap, at any context length. Shorter
+                makes windows that overlap; longer leaves text out (said in one line, with how much).
             train_fraction: Fraction of the book's characters, from the start, used for training; the
                 rest is the validation (and test) set.
-            batch_size: Training windows per step.
+            batch_size: Training windows per step, on each process.
             eval_batch_size: Windows per batch when evaluating the whole training and validation sets.
             eval_train: Also evaluate the whole training set (without dropout) after every epoch, as the
                 chapter's figure does; logged as loss/train.
@@ -224,6 +206,7 @@ class TimeMachineData(L.LightningDataModule):
             prompts_file: A text file of prompts for ``predict``, one per line (blank lines skipped).
         """
         super().__init__()
+        stride = context_length if stride is None else stride
         if context_length <= 0 or stride <= 0 or batch_size <= 0 or eval_batch_size <= 0:
             raise GptLitError(
                 "data.context_length, data.stride, data.batch_size and data.eval_batch_size must be positive"
@@ -249,7 +232,9 @@ class TimeMachineData(L.LightningDataModule):
         self.book_ids: torch.Tensor | None = None  # the whole story's tokens (for the unigram baseline)
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
-        self.resume_at: tuple[int, int] | None = None  # (epoch, training batches done) of a mid-epoch checkpoint
+        self.saved_position: dict | None = None  # a checkpoint's state_dict(), until train_dataloader() uses it
+        # (epoch, windows of its global order done, batches Lightning counts as done) where a resumed epoch started
+        self.resume_at: tuple[int, int, int] | None = None
 
     def prepare_data(self) -> None:
         if self.trainer is None or self.trainer.state.fn != "predict":
@@ -262,10 +247,10 @@ class TimeMachineData(L.LightningDataModule):
             return
         text = load_book(self.data_dir, self.download)
         split = int(self.train_fraction * len(text))
-        encode = lambda s: torch.tensor(self.tokenizer.encode(s), dtype=torch.long)  # noqa: E731
-        self.book_ids = encode(text)
-        self.train_set = TokenWindows(encode(text[:split]), self.context_length, self.stride)
-        self.val_set = TokenWindows(encode(text[split:]), self.context_length, self.stride)
+        ids = lambda s: torch.tensor(encode(s), dtype=torch.long)  # noqa: E731
+        self.book_ids = ids(text)
+        self.train_set = TokenWindows(ids(text[:split]), self.context_length, self.stride)
+        self.val_set = TokenWindows(ids(text[split:]), self.context_length, self.stride)
         for name, ds in (("training", self.train_set), ("validation", self.val_set)):
             if len(ds) == 0:
                 raise GptLitError(
@@ -273,11 +258,27 @@ class TimeMachineData(L.LightningDataModule):
                     f"window of context_length+1={self.context_length + 1}: use a smaller data.context_length or the "
                     f"full book"
                 )
-        if len(self.train_set) < self.batch_size:
+        if self.stride > self.context_length and rank_zero_only.rank == 0:
+            print(f"note: {skipped_text(self.train_set, self.val_set)}", file=sys.stderr)
+        if stage == "fit":
+            self.check_full_batches()
+
+    def check_full_batches(self) -> None:
+        """Raise a GptLitError unless every process gets at least one full training batch an epoch."""
+        world, _ = self._processes()
+        windows, each = len(self.train_set), len(self.train_set) // world
+        if each >= self.batch_size:
+            return
+        if world == 1:
             raise GptLitError(
-                f"{len(self.train_set)} training windows make no full batch of data.batch_size={self.batch_size}; "
-                f"lower data.batch_size"
+                f"{windows} training windows make no full batch of data.batch_size={self.batch_size}; use "
+                f"data.batch_size {windows} or less"
             )
+        fix = f"use data.batch_size {each} or less, or fewer processes" if each else "use fewer processes"
+        raise GptLitError(
+            f"{windows} training windows give each of the {world} processes {each}, no full batch of "
+            f"data.batch_size={self.batch_size} (a batch size per process): {fix}"
+        )
 
     def _loader(self, ds: Dataset, batch_size: int, **kw) -> DataLoader:
         # Its own generator, so making an iterator (it draws a seed for the workers) leaves the global one,
@@ -287,38 +288,79 @@ class TimeMachineData(L.LightningDataModule):
             kw["multiprocessing_context"] = self.multiprocessing_context
         return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
-    def state_dict(self) -> dict[str, int]:
-        """Saved in every checkpoint: how far training got into the current epoch.
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: how far training got into the current epoch, in windows of its global order.
 
-        The batches whose step has run (``processed``), not Lightning's ``completed``: a checkpoint taken in
-        ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``, ``train_time_interval``) is
+        Counted from the batches whose step has run (``processed``), not Lightning's ``completed``: a checkpoint
+        taken in ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``, ``train_time_interval``) is
         saved after the step but before Lightning counts the batch as completed. Anywhere else the two agree.
+        With it, what fixes the order (the seed, the windows), so that a resume that would change it is refused.
         """
-        if self.trainer is None or self.trainer.state.fn != "fit":
+        if self.trainer is None or self.trainer.state.fn != "fit" or self.train_set is None:
             return {}
-        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"epoch": self.trainer.current_epoch, "batches_done": done}
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress
+        epoch, done = self.trainer.current_epoch, progress.current.processed
+        per_step = self._processes()[0] * self.batch_size
+        if self.resume_at is not None and self.resume_at[0] == epoch:  # an epoch started part-way
+            windows_done = self.resume_at[1] + (done - self.resume_at[2]) * per_step
+        else:
+            windows_done = done * per_step
+        return {
+            "epoch": epoch, "windows_done": windows_done, "epoch_done": bool(progress.is_last_batch),
+            **order_settings(self),
+        }  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state:
-            self.resume_at = (state["epoch"], state["batches_done"])
-            # The training sampler skips what that epoch already trained on, so Lightning's
-            # "your dataloader is not resumable" warning for mid-epoch checkpoints does not apply.
-            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+    def load_state_dict(self, state: dict) -> None:
+        if not state or (self.trainer is not None and self.trainer.state.fn != "fit"):
+            return  # validate, test and predict train on nothing
+        self.check_resume(state, str(self.trainer.ckpt_path) if self.trainer else "the checkpoint")
+        self.saved_position = state
+        # The training sampler leaves out what that epoch already trained on, so Lightning's
+        # "your dataloader is not resumable" warning for mid-epoch checkpoints does not apply.
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+
+    def check_resume(self, state: dict, source: str) -> None:
+        """Raise a GptLitError if ``state`` (a checkpoint's ``state_dict()``) was saved mid-epoch with another order
+        of windows than this data's: the seed and window settings, and once set up, the windows themselves."""
+        if state and "windows_done" in state and not state["epoch_done"]:
+            check_same_order(state, order_settings(self), source)
+
+    def resume_position(self, world: int) -> tuple[int, int, int] | None:
+        """Where the epoch a checkpoint was saved in goes on: (epoch, windows done, batches done at this batch size).
+
+        Lightning restores the epoch's batch counters as they were when the checkpoint was saved, in batches of the
+        batch size and number of processes of then. With others now, the epoch has another number of batches
+        (``len(train_dataloader())``); the counters are moved to the batches of that number that the windows left
+        make up, so that the epoch ends, and validation runs, where its last full batch ends.
+        """
+        state, self.saved_position = self.saved_position, None
+        if state is None or self.trainer is None:
+            return self.resume_at
+        per_step, windows = world * self.batch_size, len(self.train_set)
+        # Checkpoints of earlier gpt_lit versions counted batches: taken as batches of the same size and processes.
+        done = state["windows_done"] if "windows_done" in state else state["batches_done"] * per_step
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress
+        left = 0 if progress.is_last_batch else steps_left(windows, done, per_step)
+        batches_done = windows // per_step - left
+        # Lightning's batch progress has no public setter; its public counters are moved. Checked with 2.6.6.
+        shift = batches_done - progress.current.processed
+        for counter in (progress.current, progress.total):
+            for name in ("ready", "started", "processed", "completed"):
+                setattr(counter, name, getattr(counter, name) + shift)
+        return (state["epoch"], done, batches_done)
 
     def _processes(self) -> tuple[int, int]:
         """(number of processes, this one's rank): (1, 0) outside a Trainer."""
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
 
     def train_dataloader(self) -> DataLoader:
-        # A DistributedSampler (one replica when not distributed) shuffles by seed + epoch, so every epoch's
-        # order is fixed by the seed alone: a resumed run continues with the same order, and a run resumed
-        # mid-epoch skips the batches that epoch already had.
+        # Each epoch's global order is fixed by seed + epoch alone, whatever the batch size and the number of
+        # processes: a resumed run continues with the same order, and a run resumed mid-epoch starts at the
+        # first window that epoch had not trained on (GlobalOrderSampler).
         world, rank = self._processes()
-        skip = (self.resume_at[0], self.resume_at[1] * self.batch_size) if self.resume_at else None
-        sampler = ResumableSampler(
-            self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed, skip=skip
-        )
+        self.resume_at = self.resume_position(world)
+        start = self.resume_at[:2] if self.resume_at else None
+        sampler = GlobalOrderSampler(self.train_set, world, rank, self.seed, self.batch_size, start=start)
         # The epoch the loader starts in, now: with data.num_workers > 0 the workers draw the sampler's
         # indices as soon as Lightning makes the iterator, which for a resumed run is before its set_epoch.
         sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
@@ -344,11 +386,7 @@ class TimeMachineData(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         prompts = list(self.prompts)
         if self.prompts_file:
-            try:
-                lines = Path(self.prompts_file).read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as e:
-                raise GptLitError(f"cannot read data.prompts_file {self.prompts_file}: {e}") from None
-            prompts += [line for line in lines if line.strip()]
+            prompts += read_prompts_file(self.prompts_file)
         if not prompts:
             raise GptLitError("predict needs prompts: set data.prompts in the config or data.prompts_file")
         world, _ = self._processes()

@@ -43,6 +43,13 @@ class PositionMeans(Metric):
         return self.sum / self.count
 
 
+class MeanPerplexity(MeanMetric):
+    """exp of the weighted mean of the values given (token losses): the perplexity, reduced across processes."""
+
+    def compute(self) -> torch.Tensor:
+        return super().compute().exp()
+
+
 class GPTLightning(L.LightningModule):
     def __init__(
         self,
@@ -61,7 +68,8 @@ class GPTLightning(L.LightningModule):
     ):
         """The chapter's GPT trained for next-token prediction with cross-entropy and AdamW.
 
-        Speed options (none changes the fp32 numbers beyond float rounding, except ``tf32``). Mixed
+        Speed options (none changes the fp32 numbers beyond float rounding, except ``tf32``, and ``compile``
+        with dropout: other dropout masks). Mixed
         precision is the trainer's: ``trainer.precision: bf16-mixed`` runs the matmuls in bf16 and keeps
         the weights, softmax and loss in fp32.
 
@@ -72,6 +80,9 @@ class GPTLightning(L.LightningModule):
             weight_decay: AdamW weight decay, on every parameter.
             compile: Run the model through ``torch.compile`` (a slower start, then faster steps). The loss
                 then goes through the compiled ``model(x)`` and ``F.cross_entropy`` (fused_loss is unused).
+                Compiled code draws its dropout masks its own way: with dropout above 0 the training steps
+                differ from an uncompiled run's (the same seed, other masks); with dropout 0, and in evaluation,
+                they agree to float rounding.
             fused_loss: Compute the output head and the cross-entropy together (``head_cross_entropy``):
                 fewer passes over the logits when training, and evaluation in chunks of rows, never holding
                 a whole batch's logits. Same losses as ``F.cross_entropy(model(x), y)`` to float rounding.
@@ -108,6 +119,7 @@ class GPTLightning(L.LightningModule):
             self.model.compile()  # in place: the state_dict keys stay model.*
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
         self.val_loss, self.train_eval_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.test_perplexity = MeanPerplexity()
         # The validation loss at each position of a window, from the same evaluation (the PositionLoss callback
         # logs it).
         self.val_loss_by_position = PositionMeans(config.context_length)
@@ -198,12 +210,13 @@ class GPTLightning(L.LightningModule):
         self.last_validation = None if self.trainer.sanity_checking else results
 
     def test_step(self, batch, batch_idx: int) -> None:
-        self.test_loss.update(self.loss(batch), batch[1].numel())
+        loss, tokens = self.loss(batch), batch[1].numel()
+        self.test_loss.update(loss, tokens)
+        self.test_perplexity.update(loss, tokens)
 
     def on_test_epoch_end(self) -> None:
-        loss = self.test_loss.compute()
-        self.log_dict({"test/loss": loss, "test/perplexity": loss.exp()})
-        self.test_loss.reset()
+        # The metric objects: Lightning computes them across processes, and resets them.
+        self.log_dict({"test/loss": self.test_loss, "test/perplexity": self.test_perplexity})
 
     def on_predict_start(self) -> None:
         # Process 0's seed (set by seed_everything), the same in every process.

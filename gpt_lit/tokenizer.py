@@ -63,6 +63,15 @@ def _encoding(name: str) -> tiktoken.Encoding:
     )
 
 
+def encode(text: str) -> list[int]:
+    """``text``'s GPT-2 token IDs, the same way for the book and for prompts: all of it is ordinary text.
+
+    A ``<|endoftext|>`` written in the text is encoded as the characters it is made of (``<``, ``|``, ``endoftext``,
+    ``|``, ``>``), never as GPT-2's special token 50256, which no text produces: a text is read as what it says.
+    """
+    return get_tokenizer().encode(text, disallowed_special=())
+
+
 def vocab_size(name: str = "gpt2") -> int:
     """Number of token IDs of the named tokenizer (50257 for GPT-2)."""
     return get_tokenizer(name).n_vocab

@@ -27,6 +27,7 @@ TINY = [
     "--model.config.n_layers", "2",
     "--model.config.n_heads", "2",
     "--data.context_length", "32",
+    "--data.stride", "128",  # a window every 128 tokens, as at the chapter's context: 317 training, 37 validation
     "--data.batch_size", "4",
     "--data.eval_batch_size", "64",
     "--trainer.accelerator", "cpu",  # where `auto` would pick a GPU (MPS on a Mac), the tests still run on the CPU
@@ -164,14 +165,15 @@ GROUPS = {
     **dict.fromkeys(["test_answers", "test_cli", "test_robustness"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
-                               "test_pretrained", "test_safe_checkpoints", "test_when_and_whom"]},
+                               "test_pretrained", "test_resume_windows", "test_safe_checkpoints", "test_when_and_whom"]},
 }  # fmt: skip
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     GROUPS["test_fault_matrix"] = "test_fault_matrix"
 # Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded;
 # `--durations=0` under xdist, summed per group).
-SECONDS = {"test_ddp": 60, "tiny_run": 50, "test_fault_matrix": 44, "chapter": 30, "test_pretrained": 23,
-           "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12, "test_safe_checkpoints": 11,
+SECONDS = {"test_ddp": 60, "test_resume_windows": 55, "tiny_run": 50, "test_fault_matrix": 44, "chapter": 30,
+           "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
+           "test_safe_checkpoints": 11,
            # test_ddp: 42 s, on two processes, so it counts more and goes first, while the other worker has much to do
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,

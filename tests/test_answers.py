@@ -115,7 +115,7 @@ def diagnosed(tmp_path_factory):
     """2 epochs of 2 steps of a 3-block model without dropout, every step logged; clipped far below the norms."""
     L.seed_everything(123)
     cfg = GPTConfig(context_length=32, emb_dim=32, n_layers=3, n_heads=2, dropout=0.0)
-    data = TimeMachineData(context_length=32, batch_size=4, eval_batch_size=64, eval_train=False)
+    data = TimeMachineData(context_length=32, stride=128, batch_size=4, eval_batch_size=64, eval_train=False)
     module, capture = GPTLightning(cfg), Capture()
     logger = TensorBoardLogger(tmp_path_factory.mktemp("fit"), name="tiny", default_hp_metric=False)
     trainer = L.Trainer(

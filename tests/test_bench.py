@@ -233,7 +233,7 @@ def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatc
     args = ["configs/residual.yaml", "--trainer.max_epochs", "1", *TINY_CLI, "--trainer.limit_train_batches", "3"]
     # the machine's peak (a 2048 x 2048 matmul, 22 times) is the script's to measure, not this test's: 50 GFLOP/s
     figures, _ = script_figures(capsys, monkeypatch, "time_run.py", *args, matmul_peak=lambda reps=10: 5e10)
-    dm = TimeMachineData(context_length=32, batch_size=4)
+    dm = TimeMachineData(context_length=32, stride=128, batch_size=4)
     dm.setup("fit")
     T, val_windows = 32, len(dm.val_set)
     assert (len(dm.train_set), val_windows) == (317, 37)  # 32 tokens every 128 (residual.yaml's stride)

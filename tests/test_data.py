@@ -6,11 +6,14 @@ from http.server import HTTPServer, SimpleHTTPRequestHandler
 
 import pytest
 import torch
-from conftest import windows_by_hand
+import yaml
+from conftest import REPO, windows_by_hand
 
 from gpt_lit import data as data_mod
+from gpt_lit.cli import main
 from gpt_lit.data import TimeMachineData, TokenWindows, load_book
 from gpt_lit.errors import GptLitError
+from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
 
 
@@ -152,3 +155,88 @@ def test_book_too_short_for_one_window(tmp_path):
     (tmp_path / "pg35.txt").write_text("*** START OF X ***\r\nA few words only.\r\n*** END OF X ***\r\n")
     with pytest.raises(GptLitError, match="too few for one window"):
         TimeMachineData(data_dir=str(tmp_path)).setup("fit")
+
+
+# --- what a reader changes about the data ---
+
+
+def test_stride_follows_the_context_length_unless_given(capsys):
+    short = TimeMachineData(context_length=32)  # data.stride: null, as the shipped configs say
+    short.setup("fit")
+    x, y = windows_by_hand(short.train_set.ids, 32, 32)
+    assert len(short.train_set) == len(x) == 1265  # every token of the 40,508 but the last few, in windows
+    assert torch.equal(torch.stack([short.train_set[i][0] for i in range(len(x))]), x)
+    assert torch.equal(torch.stack([short.train_set[i][1] for i in range(len(y))]), y)
+    assert capsys.readouterr().err == ""  # nothing skipped, nothing said
+
+
+@pytest.mark.parametrize(
+    "config", ["residual", "no_residual", "residual_8", "no_residual_8", "gpt2_124m", "gpt2_124m_finetune"]
+)
+def test_the_shipped_configs_cut_the_chapters_windows(config):
+    data = yaml.safe_load((REPO / "configs" / f"{config}.yaml").read_text())["data"]
+    assert "stride" in data and data["stride"] is None  # said, and left to follow the context length
+    dm = TimeMachineData(context_length=data["context_length"], stride=data["stride"])
+    assert dm.stride == data["context_length"]
+    if config.startswith(("residual", "no_residual")):  # the chapter's: 316 windows of 128 tokens, one every 128
+        dm.setup("fit")
+        assert len(dm.train_set) == 316 and dm.train_set.starts[:3] == [0, 128, 256]
+
+
+def test_a_stride_longer_than_the_context_says_how_much_text_the_windows_skip(capsys):
+    sparse = TimeMachineData(context_length=32, stride=128)
+    sparse.setup("fit")
+    # Counted here: each window's input holds 32 tokens, and windows 128 apart never overlap.
+    train, val = sparse.train_set, sparse.val_set
+    train_skipped, val_skipped = len(train.ids) - 32 * len(train), len(val.ids) - 32 * len(val)
+    assert (train_skipped, len(train.ids), val_skipped, len(val.ids)) == (30_364, 40_508, 3_568, 4_752)
+    assert capsys.readouterr().err.splitlines() == [
+        "note: data.stride=128 is longer than data.context_length=32: the windows skip 30,364 of the 40,508 "
+        "training tokens (75%) and 3,568 of the 4,752 validation tokens (75%); leave data.stride unset (null) for "
+        "windows that cover the text"
+    ]
+
+
+def test_gpt2s_special_token_in_the_book_and_in_a_prompt_is_the_same_ordinary_text(tmp_path):
+    story = "The Time Traveller wrote <|endoftext|> on the wall. " * 40
+    (tmp_path / "pg35.txt").write_text(f"*** START OF THE BOOK ***\n{story}\n*** END OF THE BOOK ***\n")
+    line = "The Time Traveller wrote <|endoftext|> on the wall."
+    dm = TimeMachineData(data_dir=str(tmp_path), context_length=32, batch_size=2, prompts=[line])
+    dm.setup("fit")  # no tiktoken ValueError
+    enc = get_tokenizer()
+    assert enc.decode(dm.book_ids.tolist()) == story.strip()
+    assert 50256 not in dm.book_ids.tolist()  # never GPT-2's special token: the characters as they are written
+    prompt = dm.predict_dataloader().dataset.ids[0].tolist()
+    assert len(prompt) == 16 and enc.decode(prompt) == line
+    assert dm.book_ids.tolist()[: len(prompt)] == prompt  # the prompt's tokens are the book's
+
+
+def test_a_prompts_file_is_split_on_line_ends_only_and_loses_its_byte_order_mark(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_bytes("\ufeffThe Time Traveller\r\nI saw\x0cthe page\u2028turn\n\n  \nWeena\n".encode())
+    dm = TimeMachineData(prompts_file=str(path))
+    prompts = dm.predict_dataloader().dataset
+    assert prompts.texts == ["The Time Traveller", "I saw\x0cthe page\u2028turn", "Weena"]
+    assert prompts.ids[0].tolist() == get_tokenizer().encode("The Time Traveller")  # no extra tokens up front
+
+
+def test_a_linked_key_in_a_config_file_is_the_command_lines_error(tmp_path, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text("model:\n  config:\n    context_length: 64\ndata:\n  context_length: 32\n")
+    errors = []
+    for args in (["--config", str(config)], ["--model.config.context_length", "64"]):
+        with pytest.raises(SystemExit) as stopped:
+            main(["fit", "--config", "residual", *args, "--print_config"])
+        assert stopped.value.code == 2
+        errors.append(capsys.readouterr().err.strip().splitlines())
+    message = 'error: Linked "model.config.context_length" must be given via "data.context_length".'
+    assert errors == [
+        [f"{message} (in {config}, line 3; --help lists the options)"],
+        [f"{message} (from the command line: --model.config.context_length; --help lists the options)"],
+    ]
+
+
+def test_the_compile_option_says_it_changes_the_dropout_masks():
+    help_text = " ".join(GPTLightning.__init__.__doc__.split())
+    assert "compile: Run the model through ``torch.compile``" in help_text
+    assert "draws its dropout masks its own way" in help_text and "with dropout 0" in help_text

@@ -27,7 +27,8 @@ from gpt_lit.cli import main
 RUN = [
     "--config", str(REPO / "configs/residual.yaml"),
     "--model.config.emb_dim", "32", "--model.config.n_layers", "2", "--model.config.n_heads", "2",
-    "--data.context_length", "32", "--data.batch_size", "4", "--trainer.limit_train_batches", "2",
+    "--data.context_length", "32", "--data.stride", "128", "--data.batch_size", "4",
+    "--trainer.limit_train_batches", "2",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
 DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]

@@ -62,7 +62,7 @@ def run(tmp_path_factory):
     """The fitted trainer, its module and data, and the run's event file."""
     tmp_path = tmp_path_factory.mktemp("fit")
     L.seed_everything(123)
-    data = TimeMachineData(context_length=32, batch_size=4, eval_batch_size=8)
+    data = TimeMachineData(context_length=32, stride=128, batch_size=4, eval_batch_size=8)
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=N_LAYERS, n_heads=2))
     logger = TensorBoardLogger(tmp_path, name="tiny", default_hp_metric=False)
     callbacks = [

@@ -33,7 +33,7 @@ class Norms(Callback):
 def fit(steps: int, **trainer_kwargs) -> tuple[GPTLightning, Norms]:
     """``steps`` training steps of a tiny model without dropout (so runs differ only by their precision)."""
     L.seed_everything(123)
-    data = TimeMachineData(context_length=32, batch_size=4, eval_batch_size=64)
+    data = TimeMachineData(context_length=32, stride=128, batch_size=4, eval_batch_size=64)
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=2, n_heads=2, dropout=0.0))
     norms = Norms()
     trainer = L.Trainer(

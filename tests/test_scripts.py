@@ -65,7 +65,7 @@ def tiny_run(root: Path, name: str, epochs: int) -> EpochLosses:
         **QUIET_TRAINER,
     )
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=2, n_heads=2))
-    trainer.fit(model, TimeMachineData(context_length=32, batch_size=4, eval_batch_size=8))
+    trainer.fit(model, TimeMachineData(context_length=32, stride=128, batch_size=4, eval_batch_size=8))
     return losses
 
 

@@ -12,7 +12,7 @@ from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.callbacks.tensorboard_log import is_fresh_start, shards_parameters, tensorboard_writers
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, CausalSelfAttention, generate
-from gpt_lit.tokenizer import get_tokenizer
+from gpt_lit.tokenizer import encode, get_tokenizer
 
 
 def sample_markdown(prompt: str, text: str) -> str:
@@ -144,7 +144,7 @@ class Samples(AfterValidation):
         enc, model = get_tokenizer(), pl_module.model
         was_training = model.training
         try:
-            prompts = [enc.encode(prompt, allowed_special="all") for prompt in self.prompts]
+            prompts = [encode(prompt) for prompt in self.prompts]  # as data.prompts are
             with diagnostic_threads():  # 30 small sequential forward passes: one thread if the CPU is shared
                 # the chapter's greedy loop, every prompt at once
                 out = generate(

@@ -1,0 +1,234 @@
+"""A run stopped mid-epoch and resumed with another batch size, number of processes or accumulate_grad_batches
+trains on the windows the uninterrupted run trains on, in the same order; a change that reorders the epoch is
+refused with one line.
+
+A short book (the first 6,100 characters of the story: 44 training windows of 32 tokens, so that a step of 4 and
+one of 8 windows both end the epoch at window 44) and the tiny model. ONE uninterrupted run (2 epochs, batch size
+4, one process) keeps a checkpoint after step 3, saved mid-epoch as a step-interval ModelCheckpoint saves it; every
+case resumes from it. A callback records, per process, which windows each training batch held.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from gpt_lit.cli import main
+from gpt_lit.data import SHIPPED_BOOK_DIR, load_book
+
+WINDOWS = 44  # training windows of the short book (checked by the fixture)
+
+
+class RecordWindows(Callback):
+    """Writes ``windows.<rank>.json``: each training batch as [epoch, batch_idx, [window index, ...]], in order, and
+    the epochs in which validation ran."""
+
+    def __init__(self, folder: str):
+        self.folder, self.batches, self.validated = Path(folder), [], []
+
+    def on_train_start(self, trainer, pl_module):
+        windows = trainer.datamodule.train_set
+        self.index = {tuple(windows[i][0].tolist()): i for i in range(len(windows))}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        rows = [self.index[tuple(row.tolist())] for row in batch[0]]
+        self.batches.append([trainer.current_epoch, batch_idx, rows])
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.validated.append(trainer.current_epoch)
+
+    def on_fit_end(self, trainer, pl_module):
+        record = {"batches": self.batches, "validated": self.validated}
+        (self.folder / f"windows.{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The chapter's shuffle, computed here: the permutation of n windows a generator seeded with seed + epoch draws."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def short_book(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    story = load_book(SHIPPED_BOOK_DIR)[:6100]
+    (folder / "pg35.txt").write_text(f"*** START OF THE BOOK ***\n{story}\n*** END OF THE BOOK ***\n")
+    return folder
+
+
+def run_args(book: Path, logs: Path) -> list[str]:
+    return [
+        "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.stride", "32",
+        "--data.data_dir", str(book), "--data.eval_train", "false", "--trainer.max_epochs", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.callbacks", "[]", "--trainer.logger", "false", "--trainer.default_root_dir", str(logs),
+    ]  # fmt: skip
+
+
+@dataclass
+class Uninterrupted:
+    args: list[str]  # the run's options (without a --ckpt_path)
+    batches: list  # [epoch, batch_idx, windows] of every training batch
+    step3: Path  # the checkpoint saved after step 3 of epoch 0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Uninterrupted:
+    root = tmp_path_factory.mktemp("resume_windows")
+    args = run_args(short_book(root / "book"), root / "logs")
+    steps = ModelCheckpoint(dirpath=root / "steps", every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    fit = main(["fit", *args], extra_callbacks=[RecordWindows(root), steps])
+    assert len(fit.datamodule.train_set) == WINDOWS
+    batches = json.loads((root / "windows.0.json").read_text())["batches"]
+    return Uninterrupted(args, batches, root / "steps" / "step=3.ckpt")
+
+
+def resume(uninterrupted: Uninterrupted, folder: Path, *changes: str) -> dict:
+    """Resume from the step-3 checkpoint with ``changes``, in this process; what it trained on."""
+    main(["fit", *uninterrupted.args, *changes, "--ckpt_path", str(uninterrupted.step3)],
+         extra_callbacks=[RecordWindows(folder)])  # fmt: skip
+    return json.loads((folder / "windows.0.json").read_text())
+
+
+def epoch_windows(batches: list, epoch: int) -> list[int]:
+    return [w for e, _, rows in batches if e == epoch for w in rows]
+
+
+def test_the_uninterrupted_run_takes_each_epochs_seeded_order(uninterrupted):
+    # Independently: the permutation of seed + epoch (data.seed 123), 11 steps of 4 an epoch.
+    for epoch in (0, 1):
+        assert epoch_windows(uninterrupted.batches, epoch) == epoch_order(WINDOWS, 123, epoch)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [[], ["--trainer.accumulate_grad_batches", "2", "--trainer.max_epochs", "1"],
+     ["--data.num_workers", "1", "--trainer.max_epochs", "1"]],
+    ids=["same settings", "accumulate 1 -> 2", "num_workers 0 -> 1"],
+)  # fmt: skip
+def test_a_resume_trains_on_the_same_windows(uninterrupted, tmp_path, changes):
+    resumed = resume(uninterrupted, tmp_path, *changes)
+    epochs = 1 if "--trainer.max_epochs" in changes else 2  # the rest of epoch 0 shows it; the next only repeats it
+    assert uninterrupted.batches[:3] + resumed["batches"] == [b for b in uninterrupted.batches if b[0] < epochs]
+    assert resumed["validated"] == list(range(epochs))
+
+
+def test_a_resume_with_twice_the_batch_size_continues_from_the_same_window(uninterrupted, tmp_path):
+    resumed = resume(uninterrupted, tmp_path, "--data.batch_size", "8")
+    before = epoch_windows(uninterrupted.batches[:3], 0)  # 12 windows, in 3 steps of 4
+    assert before + epoch_windows(resumed["batches"], 0) == epoch_windows(uninterrupted.batches, 0)  # all 44
+    assert all(len(rows) == 8 for _, _, rows in resumed["batches"])
+    # Lightning counts the epoch in batches of 8: 5 of them (44 // 8) have 32 windows left, so it starts at batch 1
+    # and ends, and validates, at batch 4; epoch 1 has 5 batches of 8 (its last 4 windows make no full batch).
+    assert [(e, i) for e, i, _ in resumed["batches"]] == [(0, i) for i in range(1, 5)] + [(1, i) for i in range(5)]
+    assert resumed["validated"] == [0, 1]
+    assert epoch_windows(resumed["batches"], 1) == epoch_order(WINDOWS, 123, 1)[:40]
+
+
+def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterrupted, tmp_path, capfd):
+    config = uninterrupted.step3.parents[1] / "logs" / "config.yaml"  # the run's, as it ran
+    before = config.read_text()
+    with pytest.raises(SystemExit) as stopped:
+        resume(uninterrupted, tmp_path, "--data.seed", "7")
+    err = capfd.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training")
+    assert "data.seed 123 (now 7)" in line
+    assert not (tmp_path / "windows.0.json").exists()  # nothing trained
+    assert config.read_text() == before  # nor the run's config.yaml written over
+
+
+# Two processes (DDP over gloo, on the CPU), as tests/test_ddp.py runs them: Lightning starts process 1 by running
+# the same script again. Each step's exit status and stderr, per process, are kept.
+SESSION = """
+import json, os, sys
+from pathlib import Path
+from gpt_lit.cli import main
+from test_resume_windows import RecordWindows
+
+rank = os.environ.get("LOCAL_RANK", "0")
+codes = {}
+for name, args in json.loads(Path("steps.json").read_text()):
+    folder = Path(name)
+    folder.mkdir(exist_ok=True)
+    sys.stderr.flush()
+    f = os.open(f"{name}/err.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(f, 2)
+    os.close(f)
+    try:
+        main(args, extra_callbacks=[RecordWindows(str(folder))])
+        codes[name] = 0
+    except SystemExit as e:
+        codes[name] = e.code
+    sys.stderr.flush()
+    Path(f"codes.{rank}.json").write_text(json.dumps(codes))
+import torch.distributed
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()  # process 0 ends after process 1 has written everything
+"""
+DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def two_processes(uninterrupted, tmp_path_factory) -> Path:
+    """Three steps on one pair of processes: the resume, a batch no process can fill, and `test`."""
+    cwd, step3 = tmp_path_factory.mktemp("resume_ddp"), uninterrupted.step3
+    steps = [
+        ("resumed", ["fit", *uninterrupted.args, *DDP, "--trainer.max_epochs", "1", "--ckpt_path", str(step3)]),
+        ("too_big", ["fit", *uninterrupted.args, *DDP, "--data.batch_size", "30"]),  # 44 windows: 22 a process
+        ("test", ["test", *uninterrupted.args, *DDP, "--ckpt_path", str(step3)]),
+    ]
+    (cwd / "steps.json").write_text(json.dumps(steps))
+    (cwd / "session.py").write_text(SESSION)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO)])}
+    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    session = subprocess.Popen([sys.executable, "session.py"], cwd=cwd, env=env, start_new_session=True)
+    try:
+        session.wait(timeout=300)
+    finally:
+        if session.poll() is None or session.returncode != 0:
+            os.killpg(session.pid, signal.SIGKILL)  # both processes: process 1 is in the same session
+    assert session.returncode == 0
+    return cwd
+
+
+def test_a_resume_on_two_processes_continues_from_the_same_window(uninterrupted, two_processes):
+    assert [json.loads((two_processes / f"codes.{r}.json").read_text())["resumed"] for r in (0, 1)] == [0, 0]
+    runs = [json.loads((two_processes / "resumed" / f"windows.{r}.json").read_text()) for r in (0, 1)]
+    order = epoch_order(WINDOWS, 123, 0)
+    # Each process, in order: every other window of the epoch's order from window 12 on (32 windows left: 4 steps
+    # of 2 x 4); together, step by step, exactly the windows the uninterrupted run trained on after step 3.
+    for rank, run in enumerate(runs):
+        assert epoch_windows(run["batches"], 0) == order[12 + rank : 44 : 2]
+        assert run["validated"] == [0]
+    steps = zip(runs[0]["batches"], runs[1]["batches"], strict=True)
+    together = [w for a, b in steps for pair in zip(a[2], b[2], strict=True) for w in pair]
+    assert epoch_windows(uninterrupted.batches[:3], 0) + together == epoch_windows(uninterrupted.batches, 0)
+    assert [i for e, i, _ in runs[0]["batches"]] == [1, 2, 3, 4]  # 5 batches of 2 x 4 an epoch
+
+
+def test_a_batch_no_process_can_fill_is_one_line(two_processes):
+    codes = [json.loads((two_processes / f"codes.{r}.json").read_text())["too_big"] for r in (0, 1)]
+    err = "".join((two_processes / "too_big" / f"err.{r}").read_text() for r in (0, 1))
+    assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line == (
+        "error: 44 training windows give each of the 2 processes 22, no full batch of data.batch_size=30 (a batch "
+        "size per process): use data.batch_size 22 or less, or fewer processes"
+    )
+
+
+def test_test_on_two_processes_logs_its_reduced_losses_without_a_warning(two_processes):
+    codes = [json.loads((two_processes / f"codes.{r}.json").read_text())["test"] for r in (0, 1)]
+    err = "".join((two_processes / "test" / f"err.{r}").read_text() for r in (0, 1))
+    assert codes == [0, 0], err[-3000:]
+    assert "sync_dist" not in err  # Lightning's advice for values it would not reduce itself
