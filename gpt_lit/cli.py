@@ -43,6 +43,7 @@ from gpt_lit.config_sources import where_from
 from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
+from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, latest_checkpoint, log_beside_run, runs_folder
@@ -86,6 +87,12 @@ class GPTLitCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         quiet_console()
         super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # Lightning's four, and `export` (ExportingTrainer.export): LightningCLI makes a subcommand of each
+        # trainer method listed here, with the arguments it does not skip.
+        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
@@ -174,6 +181,13 @@ class GPTLitCLI(LightningCLI):
         return trainer
 
     def _check_inputs(self) -> None:
+        self._check_checkpoint()
+        check_writable(self.trainer)
+
+    def before_export(self) -> None:
+        self._check_checkpoint()  # nothing is logged: export writes only to --out
+
+    def _check_checkpoint(self) -> None:
         # With a checkpoint, its weights replace model.init_from's: a run's config.yaml keeps init_from, and
         # test/predict/resume on it must neither download nor need the released weights again.
         self.model.weights_from_checkpoint = bool(self.config[self.subcommand].get("ckpt_path"))
@@ -181,7 +195,6 @@ class GPTLitCLI(LightningCLI):
             check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
             self.checkpoint = None  # Lightning loads it again itself
         self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
-        check_writable(self.trainer)
 
     before_fit = before_validate = before_test = before_predict = _check_inputs
 
@@ -224,6 +237,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         return GPTLitCLI(
             GPTLightning,
             TimeMachineData,
+            trainer_class=ExportingTrainer,
             args=args,
             parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
