@@ -46,7 +46,7 @@ from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line,
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
-from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, latest_checkpoint, log_beside_run, runs_folder
+from gpt_lit.runs import LIGHTNING_CKPT_NAMES, PROG, latest_checkpoint, log_beside_run, runs_folder, with_run_config
 from gpt_lit.tokenizer import vocab_size
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
@@ -107,8 +107,10 @@ class GPTLitCLI(LightningCLI):
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names
-            self.config = parser.parse_args(with_shipped_configs(sys.argv[1:] if args is None else args))
+        if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names,
+            # and a checkpoint's run's own config.yaml when validate/test/predict/export get none
+            args = with_run_config(list(sys.argv[1:] if args is None else args))
+            self.config = parser.parse_args(with_shipped_configs(args))
         else:
             super().parse_arguments(parser, args)
 

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric, Metric
 
@@ -130,6 +131,15 @@ class GPTLightning(L.LightningModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # validate/test/predict run without fit's checkpoint callbacks (the CLI removes them: they would save
+        # nothing), whose states the file keeps. Lightning, restoring callbacks after this hook, would warn that
+        # they "need to be provided"; outside fit they are not needed, so their states are left out of the
+        # loaded copy (the file is unchanged).
+        if self.trainer.state.fn != TrainerFn.FITTING and checkpoint.get("callbacks"):
+            present = {callback.state_key for callback in self.trainer.callbacks}
+            checkpoint["callbacks"] = {k: v for k, v in checkpoint["callbacks"].items() if k in present}
 
     def uses_fused_loss(self) -> bool:
         """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""
