@@ -161,7 +161,7 @@ def load_script(name: str):
 # go out one by one, and its uninterrupted run is made once on each worker). Every other test is a unit of its
 # own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together.
 GROUPS = {
-    **dict.fromkeys(["test_answers", "test_cli", "test_robustness"], "tiny_run"),
+    **dict.fromkeys(["test_answers", "test_cli", "test_export", "test_robustness", "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
                                "test_pretrained", "test_safe_checkpoints"]},
