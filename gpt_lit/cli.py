@@ -1,4 +1,4 @@
-"""``python -m gpt_lit {fit,validate,test,predict}``: LightningCLI over GPTLightning and TimeMachineData.
+"""``python -m gpt_lit {fit,validate,test,predict,export}``: LightningCLI over GPTLightning and TimeMachineData.
 
 Every mistake a user can fix ends the same way: one line on stderr starting with ``error:``, exit code 2,
 no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints how to resume.
@@ -6,8 +6,10 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints ho
 ``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
 Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
 gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
-``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name. ``test`` and
-``predict`` on a run's checkpoint write into that run's folder. Every checkpoint
+``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
+predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.with_run_config).
+``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a Hugging Face
+GPT-2 folder (gpt_lit/export.py). Every checkpoint
 is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
 trusted file that needs more.
 """
@@ -245,7 +247,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             save_config_kwargs={"overwrite": True},
             # Always on, whatever the config: stop at a NaN loss, exact resumes (and LastCheckpoint, in fit).
             trainer_defaults={"callbacks": [FiniteLoss(), RNGState(), *extra_callbacks]},
-            parser_kwargs={"description": "Train, evaluate and run the GPT of 'The transformer block'."},
+            parser_kwargs={"description": "Train, evaluate, run and export the GPT of 'The transformer block'."},
         )
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
