@@ -6,6 +6,7 @@
   numbers, names) or the docs' ``…``. A changed word fails.
 - Every ``--a.b`` option they mention is one the CLI's parser has (its ``--help``).
 - docs/development.md's layout table lists exactly the repository's files, one a line.
+- The defaults of the speed options' table are the options' defaults.
 - A measured time (``N s``, ``N min N s``) appears on one page only; other pages link to it.
 """
 
@@ -177,9 +178,9 @@ def dotted_options() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def help_options() -> set[str]:
-    """The options of the CLI's parser, as its --help lists them: fit's and export's, and the default logger's
-    (an ``init_args`` option is one of the logger class's)."""
+def help_text() -> str:
+    """The CLI parser's --help: fit's and export's, and the default logger's (an ``init_args`` option is one of
+    the logger class's)."""
     from gpt_lit.cli import main
 
     texts = []
@@ -188,7 +189,12 @@ def help_options() -> set[str]:
         with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
             main(args)
         texts.append(out.getvalue())
-    return set(re.findall(r"--[\w.]+", "\n".join(texts)))
+    return "\n".join(texts)
+
+
+@pytest.fixture(scope="module")
+def help_options(help_text) -> set[str]:
+    return set(re.findall(r"--[\w.]+", help_text))
 
 
 def test_every_option_the_docs_mention_exists(help_options):
@@ -231,3 +237,13 @@ def test_each_measured_time_is_on_one_page():
             pages.setdefault(time, set()).add(doc.name)
     twice = {time: sorted(where) for time, where in pages.items() if len(where) > 1}
     assert not twice, f"measured times on more than one page (keep one, link to it): {twice}"
+
+
+def test_the_documented_defaults_are_the_options_defaults(help_text):
+    """performance.md's table of speed options gives each ``model.*`` option's default."""
+    rows = re.findall(r"^\| `(model\.\w+)` \| `([^`]+)` \|", (REPO / "docs" / "performance.md").read_text(), re.M)
+    assert len(rows) >= 4
+    for option, documented in rows:
+        block = help_text.split(f"\n  --{option} ", 1)[1].split("\n  --", 1)[0]  # its entry, not the usage line
+        default = re.search(r"default: (\S+?)\)", " ".join(block.split()))[1]
+        assert default.lower() == documented, f"docs/performance.md: {option} defaults to {default}, not {documented}"
