@@ -137,8 +137,12 @@ class GPTLightning(L.LightningModule):
         # nothing), whose states the file keeps. Lightning, restoring callbacks after this hook, would warn that
         # they "need to be provided"; outside fit they are not needed, so their states are left out of the
         # loaded copy (the file is unchanged).
-        if self.trainer.state.fn != TrainerFn.FITTING and checkpoint.get("callbacks"):
-            present = {callback.state_key for callback in self.trainer.callbacks}
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # GPTLightning.load_from_checkpoint: no Trainer, and no callbacks are restored
+            return
+        if trainer.state.fn != TrainerFn.FITTING and checkpoint.get("callbacks"):
+            present = {callback.state_key for callback in trainer.callbacks}
             checkpoint["callbacks"] = {k: v for k, v in checkpoint["callbacks"].items() if k in present}
 
     def uses_fused_loss(self) -> bool:
