@@ -105,7 +105,8 @@ def library_messages() -> set[str]:
 
 @cache
 def message_parts() -> list[str]:
-    parts = set().union(*(literal_parts(f) for f in MESSAGE_SOURCES)) | library_messages()
+    sources = [f for f in MESSAGE_SOURCES if f.is_file()]  # a dependency's version may lay its files out otherwise
+    parts = set().union(*(literal_parts(f) for f in sources)) | library_messages()
     return sorted(parts, key=len, reverse=True)
 
 
