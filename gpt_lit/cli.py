@@ -1,4 +1,4 @@
-"""``python -m gpt_lit {fit,validate,test,predict}``: LightningCLI over GPTLightning and TimeMachineData.
+"""``python -m gpt_lit {fit,validate,test,predict,export}``: LightningCLI over GPTLightning and TimeMachineData.
 
 Every mistake a user can fix ends the same way: one line on stderr starting with ``error:``, exit code 2,
 no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints how to resume.
@@ -6,8 +6,10 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints ho
 ``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
 Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
 gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
-``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name. ``test`` and
-``predict`` on a run's checkpoint write into that run's folder. Every checkpoint
+``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
+predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.with_run_config).
+``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a Hugging Face
+GPT-2 folder (gpt_lit/export.py). Every checkpoint
 is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
 trusted file that needs more.
 """
@@ -45,6 +47,7 @@ from gpt_lit.config_sources import where_from
 from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
+from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.runs import (
@@ -55,6 +58,7 @@ from gpt_lit.runs import (
     latest_checkpoint,
     log_beside_run,
     runs_folder,
+    with_run_config,
 )
 from gpt_lit.tokenizer import vocab_size
 
@@ -121,6 +125,12 @@ class GPTLitCLI(LightningCLI):
         quiet_console()
         super().__init__(*args, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # Lightning's four, and `export` (ExportingTrainer.export): LightningCLI makes a subcommand of each
+        # trainer method listed here, with the arguments it does not skip.
+        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
         kwargs.setdefault("prog", PROG)
@@ -134,8 +144,9 @@ class GPTLitCLI(LightningCLI):
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names
-            args = with_shipped_configs(sys.argv[1:] if args is None else args)
+        if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names,
+            # and a checkpoint's run's own config.yaml when validate/test/predict/export get none
+            args = with_shipped_configs(with_run_config(list(sys.argv[1:] if args is None else args)))
             refuse_linked_keys_in_configs(parser, args)
             self.config = parser.parse_args(args)
         else:
@@ -213,6 +224,17 @@ class GPTLitCLI(LightningCLI):
         return trainer
 
     def _check_inputs(self) -> None:
+        self._check_checkpoint()
+        check_writable(self.trainer)
+        if self.subcommand == "fit" and self.config["fit"].get("ckpt_path"):  # a resume: keep the CSV's old rows
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, LastCheckpoint):
+                    callback.read_csv_logs(self.trainer)
+
+    def before_export(self) -> None:
+        self._check_checkpoint()  # nothing is logged: export writes only to --out
+
+    def _check_checkpoint(self) -> None:
         # With a checkpoint, its weights replace model.init_from's: a run's config.yaml keeps init_from, and
         # test/predict/resume on it must neither download nor need the released weights again.
         self.model.weights_from_checkpoint = bool(self.config[self.subcommand].get("ckpt_path"))
@@ -223,11 +245,6 @@ class GPTLitCLI(LightningCLI):
                 self.datamodule.check_resume(data_state, self.config[self.subcommand].ckpt_path)
             self.checkpoint = None  # Lightning loads it again itself
         self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
-        check_writable(self.trainer)
-        if self.subcommand == "fit" and self.config["fit"].get("ckpt_path"):  # a resume: keep the CSV's old rows
-            for callback in self.trainer.callbacks:
-                if isinstance(callback, LastCheckpoint):
-                    callback.read_csv_logs(self.trainer)
 
     before_fit = before_validate = before_test = before_predict = _check_inputs
 
@@ -272,12 +289,13 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         return GPTLitCLI(
             GPTLightning,
             TimeMachineData,
+            trainer_class=ExportingTrainer,
             args=args,
             parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
             # Always on, whatever the config: stop at a NaN loss, exact resumes (and LastCheckpoint, in fit).
             trainer_defaults={"callbacks": [FiniteLoss(), RNGState(), *extra_callbacks]},
-            parser_kwargs={"description": "Train, evaluate and run the GPT of 'The transformer block'."},
+            parser_kwargs={"description": "Train, evaluate, run and export the GPT of 'The transformer block'."},
         )
     except (GptLitError, MisconfigurationException) as e:
         fail(e)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric, Metric
 
@@ -147,6 +148,19 @@ class GPTLightning(L.LightningModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # validate/test/predict run without fit's checkpoint callbacks (the CLI removes them: they would save
+        # nothing), whose states the file keeps. Lightning, restoring callbacks after this hook, would warn that
+        # they "need to be provided"; outside fit they are not needed, so their states are left out of the
+        # loaded copy (the file is unchanged).
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # GPTLightning.load_from_checkpoint: no Trainer, and no callbacks are restored
+            return
+        if trainer.state.fn != TrainerFn.FITTING and checkpoint.get("callbacks"):
+            present = {callback.state_key for callback in trainer.callbacks}
+            checkpoint["callbacks"] = {k: v for k, v in checkpoint["callbacks"].items() if k in present}
 
     def uses_fused_loss(self) -> bool:
         """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""

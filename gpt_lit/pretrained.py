@@ -79,6 +79,7 @@ BLOCK_TENSORS = {
     "mlp.c_proj.weight": ("ffn.proj.weight", True),
     "mlp.c_proj.bias": ("ffn.proj.bias", False),
 }
+QKV_BIAS = "attn.c_attn.bias"  # GPT-2 always has it; the chapter's qkv_bias=false model does not
 # The hub files' causal-mask buffers: not weights, the chapter's attention masks with is_causal instead.
 MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 
@@ -178,7 +179,9 @@ def read_config(folder: Path) -> dict:
         "emb_dim": hf["n_embd"],
         "n_layers": hf["n_layer"],
         "n_heads": hf["n_head"],
-        "qkv_bias": True,  # GPT-2's Conv1D projections always have biases
+        # GPT-2's Conv1D projections always have biases; `python -m gpt_lit export` writes qkv_bias false (a key
+        # transformers keeps but does not read) for a model without them, whose biases it writes as zeros.
+        "qkv_bias": hf.get("qkv_bias", True) is not False,
         "tie_weights": bool(hf["tie_word_embeddings"]),
         "residual": True,
     }
@@ -252,33 +255,71 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def key_table(cfg: GPTConfig) -> dict[str, tuple[str, bool]]:
+    """Every tensor of ``GPT(cfg)`` that GPT-2 stores: its Hugging Face name (without the ``transformer.``
+    prefix; ``lm_head.weight`` for an untied head) -> (the chapter's name, whether it is a Conv1D weight, stored
+    transposed). The one table both directions use: ``to_chapter`` (model.init_from) and ``to_hugging_face``
+    (``python -m gpt_lit export``). A tied head is ``tok_emb.weight`` itself; without ``qkv_bias`` the chapter has
+    no q, k, v biases (GPT-2's are zeros then)."""
+    table = {
+        "wte.weight": ("tok_emb.weight", False),
+        "wpe.weight": ("pos_emb.weight", False),
+        "ln_f.weight": ("final_norm.weight", False),
+        "ln_f.bias": ("final_norm.bias", False),
+    }
+    for i in range(cfg.n_layers):
+        for theirs, (ours, conv1d) in BLOCK_TENSORS.items():
+            if theirs != QKV_BIAS or cfg.qkv_bias:
+                table[f"h.{i}.{theirs}"] = (f"blocks.{i}.{ours}", conv1d)
+    if not cfg.tie_weights:
+        table["lm_head.weight"] = ("head.weight", False)
+    return table
+
+
+def zero_qkv_biases(hf: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, str]:
+    """GPT-2's q, k, v biases of a model without them: name -> "" when all zeros, else why it cannot be dropped."""
+    if cfg.qkv_bias:
+        return {}
+    names = [f"h.{i}.{QKV_BIAS}" for i in range(cfg.n_layers)]
+    return {k: "" if not hf[k].any() else "non-zero q, k, v biases" for k in names if k in hf}
+
+
 def to_chapter(hf: dict[str, torch.Tensor], cfg: GPTConfig, source: str) -> dict[str, torch.Tensor]:
     """Hugging Face GPT-2 tensors -> the state_dict of ``GPT(cfg)``: renamed, Conv1D weights transposed,
     the position table cut to ``cfg.context_length`` rows."""
-    names = {"wte.weight": "tok_emb.weight", "wpe.weight": "pos_emb.weight"}
-    names |= {"ln_f.weight": "final_norm.weight", "ln_f.bias": "final_norm.bias"}
-    transposed: set[str] = set()
-    for i in range(cfg.n_layers):
-        for theirs, (ours, conv1d) in BLOCK_TENSORS.items():
-            names[f"h.{i}.{theirs}"] = f"blocks.{i}.{ours}"
-            if conv1d:
-                transposed.add(f"h.{i}.{theirs}")
-    if not cfg.tie_weights:
-        names["lm_head.weight"] = "head.weight"
-    missing = [k for k in names if k not in hf]
-    unexpected = [k for k in hf if k not in names and k != "lm_head.weight"]
-    if missing or unexpected:
+    table = key_table(cfg)
+    zero_biases = zero_qkv_biases(hf, cfg)
+    nonzero = [k for k, why in zero_biases.items() if why]
+    missing = [k for k in table if k not in hf]
+    unexpected = [k for k in hf if k not in table and k != "lm_head.weight" and k not in zero_biases]
+    if missing or unexpected or nonzero:
         what = []
         if missing:
             what.append(f"{len(missing)} of GPT-2's tensors missing (e.g. {missing[0]})")
         if unexpected:
             what.append(f"{len(unexpected)} tensors GPT-2's language model does not have (e.g. {unexpected[0]})")
+        if nonzero:
+            what.append(f"{nonzero[0]} is not zero, but config.json says qkv_bias false")
         raise GptLitError(f"{source} is not a GPT-2 language model of its config.json's size: {'; '.join(what)}")
-    state = {ours: (hf[theirs].t() if theirs in transposed else hf[theirs]) for theirs, ours in names.items()}
+    state = {ours: (hf[theirs].t() if conv1d else hf[theirs]) for theirs, (ours, conv1d) in table.items()}
     state["pos_emb.weight"] = state["pos_emb.weight"][: cfg.context_length]  # a shorter context: the first rows
     if cfg.tie_weights:
         state["head.weight"] = state["tok_emb.weight"]
     return state
+
+
+def to_hugging_face(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """The state_dict of ``GPT(cfg)`` -> ``GPT2LMHeadModel``'s tensors as ``save_pretrained`` writes them
+    (``transformer.`` prefix; ``lm_head.weight`` only when untied; zero q, k, v biases without ``qkv_bias``)."""
+    out = {}
+    for theirs, (ours, conv1d) in key_table(cfg).items():
+        tensor = state[ours].detach().cpu()
+        name = theirs if theirs == "lm_head.weight" else f"transformer.{theirs}"
+        out[name] = (tensor.t() if conv1d else tensor).contiguous().clone()  # own storage: safetensors needs it
+    if not cfg.qkv_bias:
+        for i in range(cfg.n_layers):
+            out[f"transformer.h.{i}.{QKV_BIAS}"] = torch.zeros(3 * cfg.emb_dim)
+    return out
 
 
 def load_pretrained(model: GPT, init_from: str, download: bool = False) -> Path:

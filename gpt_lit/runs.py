@@ -14,6 +14,9 @@ from gpt_lit.errors import GptLitError
 PROG = "python -m gpt_lit"
 # ckpt_path values Lightning resolves itself rather than reading a file
 LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
+# The subcommands that read a checkpoint and can take its run's settings (with_run_config)
+READING_SUBCOMMANDS = ("validate", "test", "predict", "export")
+DEFAULT_LOGS = "lightning_logs"  # where LightningCLI's default logger, and every shipped config, keeps its runs
 
 
 def runs_folder(trainer: Namespace) -> Path | None:
@@ -160,3 +163,67 @@ def next_run(trainer: Namespace) -> Path | None:
         numbers = [int(m[1]) for p in folder.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
         version = max(numbers, default=-1) + 1
     return folder / (version if isinstance(version, str) else f"version_{version}")
+
+
+def option_value(args: list[str], option: str) -> str | None:
+    """The value of ``--option X`` or ``--option=X`` in ``args`` (the last one given), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def newest_config_runs(base: Path, which: str) -> Path:
+    """The one folder under ``base`` (lightning_logs) that holds ``version_N`` runs: ``base/<name>`` of a config
+    with a logger name, or ``base`` itself. None, or several names, is a GptLitError: which runs is ambiguous."""
+    runs = [p for pattern in ("version_*", "*/version_*") for p in base.glob(pattern) if p.is_dir()]
+    folders = sorted({run.parent for run in runs})
+    if not folders:
+        raise GptLitError(
+            f"--ckpt_path {which}: no run in {base} (from {Path.cwd()}). Train one with `{PROG} fit`, or give "
+            f"--config (the config whose runs to use) or a checkpoint's path"
+        )
+    if len(folders) > 1:
+        names = [f.name for f in folders if f != base]
+        raise GptLitError(
+            f"--ckpt_path {which} without --config: {base} holds the runs of {len(folders)} configs "
+            f"({', '.join(names)}{', and unnamed ones' if base in folders else ''}); say whose with --config "
+            f"(e.g. --config {names[0]}) or give a checkpoint's path"
+        )
+    return folders[0]
+
+
+def with_run_config(args: list[str]) -> list[str]:
+    """``args`` of validate/test/predict/export with a ``--ckpt_path`` and no ``--config``: with the checkpoint's
+    run's own ``config.yaml`` as the config (first, so that the other options still override it).
+
+    ``last`` and ``best`` without a config are the newest run's, in lightning_logs/ (under
+    ``--trainer.default_root_dir`` when given) where the default logger and every shipped config keep their
+    runs; when it holds the runs of several configs, ``--config`` must say whose (a GptLitError). A
+    checkpoint outside a run folder leaves ``args`` as they are."""
+    if not args or args[0] not in READING_SUBCOMMANDS:
+        return args
+    if any(a in ("--config", "-c") or a.startswith(("--config=", "-c=")) for a in args):
+        return args
+    ckpt = option_value(args, "--ckpt_path")
+    if not ckpt:
+        return args
+    if ckpt in ("last", "best"):
+        base = Path(option_value(args, "--trainer.default_root_dir") or ".") / DEFAULT_LOGS
+        trust = (option_value(args, "--trust_checkpoint") or "").lower() == "true"
+        path = latest_checkpoint(newest_config_runs(base, ckpt), ckpt, trust)
+        run = run_of(path)
+        if run is None or not (run / "config.yaml").is_file():
+            raise GptLitError(f"--ckpt_path {ckpt}: the run of {path} has no config.yaml; add --config")
+    else:
+        path, run = ckpt, run_of(ckpt)
+        if run is None or not (run / "config.yaml").is_file():
+            return args
+    rest = [
+        path if args[i - 1] == "--ckpt_path" else f"--ckpt_path={path}" if arg.startswith("--ckpt_path=") else arg
+        for i, arg in enumerate(args[1:], start=1)
+    ]
+    return [args[0], "--config", str(run / "config.yaml"), *rest]

@@ -162,16 +162,17 @@ def load_script(name: str):
 # go out one by one, and its uninterrupted run is made once on each worker). Every other test is a unit of its
 # own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together.
 GROUPS = {
-    **dict.fromkeys(["test_answers", "test_cli", "test_robustness"], "tiny_run"),
+    **dict.fromkeys(["test_answers", "test_cli", "test_export", "test_robustness", "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
-                               "test_pretrained", "test_resume_windows", "test_safe_checkpoints", "test_when_and_whom"]},
+                               "test_pretrained", "test_resume_windows", "test_safe_checkpoints",
+                               "test_when_and_whom"]},
 }  # fmt: skip
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     GROUPS["test_fault_matrix"] = "test_fault_matrix"
 # Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded;
 # `--durations=0` under xdist, summed per group).
-SECONDS = {"test_ddp": 60, "test_resume_windows": 55, "tiny_run": 50, "test_fault_matrix": 44, "chapter": 30,
+SECONDS = {"test_ddp": 60, "test_resume_windows": 55, "tiny_run": 75, "test_fault_matrix": 44, "chapter": 30,
            "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
            "test_safe_checkpoints": 11,
            # test_ddp: 42 s, on two processes, so it counts more and goes first, while the other worker has much to do

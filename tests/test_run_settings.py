@@ -1,0 +1,59 @@
+"""`validate`/`test`/`predict`/`export --ckpt_path` without `--config`: the checkpoint's run's own settings."""
+
+import re
+import warnings
+
+import pytest
+
+from gpt_lit.cli import main
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_test_after_a_fit_with_overrides_needs_no_config(tiny_run, capsys, monkeypatch):
+    """The tiny run overrode residual.yaml's sizes (2 blocks of 32, not 4 of 256): `test --ckpt_path last` alone
+    evaluates that model, and Lightning says nothing about the checkpoint's callbacks that test does not use."""
+    monkeypatch.chdir(tiny_run.root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # past pyproject's filter of Lightning's UserWarnings
+        code, out, err = run_main(capsys, "test", "--ckpt_path", "last")
+    assert code == 0, err[-3000:]
+    loss = float(re.search(r"test/loss\s*[│|]\s*([\d.]+)", out).group(1))
+    assert loss == pytest.approx(tiny_run.last_val, abs=1e-4)  # the trained 2-block model's validation loss
+    said = [str(w.message) for w in caught] + [err]
+    assert not [m for m in said if "callbacks used to create the checkpoint" in m], said
+
+
+def test_ckpt_path_best_of_a_run_by_path_without_config(tiny_run, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # another folder: the path alone finds the run
+    ckpt = tiny_run.version / "checkpoints" / "best-epoch01.ckpt"
+    code, out, err = run_main(capsys, "validate", "--ckpt_path", str(ckpt), "--trainer.limit_val_batches", "1")
+    assert code == 0, err[-3000:]
+    assert re.search(r"loss/val\s*[│|]\s*([\d.]+)", out)
+
+
+def test_runs_of_several_configs_are_one_error_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("no_residual", "residual"):
+        (tmp_path / "lightning_logs" / name / "version_0" / "checkpoints").mkdir(parents=True)
+    code, _, err = run_main(capsys, "test", "--ckpt_path", "last")
+    assert code == 2 and err.count("\n") == 1
+    assert err == (
+        "error: --ckpt_path last without --config: lightning_logs holds the runs of 2 configs (no_residual, "
+        "residual); say whose with --config (e.g. --config no_residual) or give a checkpoint's path\n"
+    )
+
+
+def test_a_config_that_disagrees_still_says_so(tiny_run, capsys, monkeypatch):
+    monkeypatch.chdir(tiny_run.root)
+    code, _, err = run_main(capsys, "test", "--config", "residual", "--ckpt_path", "last")
+    assert code == 2 and err.count("\n") == 1
+    assert "is of a different architecture than the config: model.config.emb_dim is 32 in the checkpoint" in err
