@@ -406,6 +406,22 @@ def test_the_probes_of_one_moment_share_one_pass_and_no_other():
     assert len(passes) == 5
 
 
+def test_a_model_made_after_another_was_freed_gets_its_own_pass():
+    """Models made and freed one after another, each measured at the same moment on the same windows (as tests and
+    scripts do): each gets its own weights, though a new model usually gets the freed one's ``id`` (its config is
+    made beforehand, so the model is the first object of its size made after the free)."""
+    x, model = tokens(), None
+    configs = [GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2, residual=r) for r in
+               (True, False)]  # fmt: skip
+    for i in range(20):
+        torch.manual_seed(i)  # before the free: it makes objects too
+        del model
+        model = GPT(configs[i % 2]).eval()
+        sentence, _ = AttentionMaps(num_tokens=5).measure(model, x)  # the shared pass, at moment (0, 0)
+        for got, want in zip(sentence, block_attentions(model, x[:1, :5]), strict=True):
+            torch.testing.assert_close(got, want[0], msg=f"model {i} was handed another model's pass")
+
+
 def test_loss_by_position_averages_to_loss_val(runs):
     (acc, module), _ = runs
     [callback] = [cb for cb in module.trainer.callbacks if type(cb).__name__ == "PositionLoss"]
