@@ -107,6 +107,20 @@ def test_the_same_state_saved_twice_is_one_file_with_two_names(tmp_path):
     assert torch.load(tmp_path / "again.ckpt", weights_only=True)["global_step"] == 9
 
 
+def test_two_states_that_differ_only_after_the_first_4_mib_are_two_files(tmp_path):
+    """Same step, same size, the same first 8 MiB of weights and one number after them: not the same state."""
+    io = AtomicCheckpointIO()
+    w = torch.zeros(3 << 20)  # 12 MiB of float32
+    io.save_checkpoint({"global_step": 6, "w": w}, tmp_path / "best.ckpt")
+    changed = w.clone()
+    changed[-1] = 1.0  # the last weight, ~12 MiB into the file
+    io.save_checkpoint({"global_step": 6, "w": changed}, tmp_path / "last.ckpt")
+    best, last = (tmp_path / "best.ckpt").stat(), (tmp_path / "last.ckpt").stat()
+    assert best.st_size == last.st_size and best.st_ino != last.st_ino
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["w"][-1] == 1.0
+    assert torch.load(tmp_path / "best.ckpt", weights_only=True)["w"][-1] == 0.0
+
+
 def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"
