@@ -145,6 +145,29 @@ def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
 
 
+@pytest.mark.parametrize(
+    "oldest_first, good",
+    [(["last.ckpt", "best-epoch03.ckpt"], "last.ckpt"),
+     (["best-epoch03.ckpt", "best-epoch01.ckpt"], "best-epoch01.ckpt"),
+     ([], None)],
+)  # fmt: skip
+def test_a_full_disk_names_the_last_good_checkpoint(tmp_path, monkeypatch, oldest_first, good):
+    """last.ckpt if there is one, even beside a newer file; else the newest checkpoint; else says there is none."""
+    for age, name in enumerate(reversed(oldest_first)):
+        (tmp_path / name).write_bytes(b"a checkpoint")
+        os.utime(tmp_path / name, (1e9 - age * 100, 1e9 - age * 100))
+    (tmp_path / "notes.txt").write_text("not a checkpoint, and the newest file")
+
+    def no_room(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpointing.os, "write", no_room)
+    with pytest.raises(GptLitError) as failed:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 2}, tmp_path / "new.ckpt")
+    said = f"the last good checkpoint is {tmp_path / good}" if good else "no checkpoint had been saved before"
+    assert said in str(failed.value)
+
+
 # -- --ckpt_path last | best ---------------------------------------------------------------------------------
 
 
