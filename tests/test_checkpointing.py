@@ -119,6 +119,21 @@ def test_two_states_that_differ_only_after_the_first_4_mib_are_two_files(tmp_pat
     assert best.st_size == last.st_size and best.st_ino != last.st_ino
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["w"][-1] == 1.0
     assert torch.load(tmp_path / "best.ckpt", weights_only=True)["w"][-1] == 0.0
+    io.save_checkpoint({"global_step": 6, "w": changed}, tmp_path / "again.ckpt")  # all 12 MiB the same: one file
+    assert (tmp_path / "again.ckpt").stat().st_ino == last.st_ino
+
+
+def test_where_there_are_no_hard_links_the_same_state_is_written_again(tmp_path, monkeypatch):
+    def no_links(source, target):
+        raise OSError(errno.EPERM, "Operation not permitted")  # a filesystem without hard links (FAT, some mounts)
+
+    monkeypatch.setattr(os, "link", no_links)
+    io = AtomicCheckpointIO()
+    state = {"global_step": 6, "w": torch.arange(1000.0)}
+    io.save_checkpoint(state, tmp_path / "best.ckpt")
+    io.save_checkpoint(state, tmp_path / "last.ckpt")
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["w"].equal(state["w"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]  # and no temporary file
 
 
 def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
