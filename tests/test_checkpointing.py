@@ -88,6 +88,24 @@ def test_the_checkpoint_is_fsynced_before_it_replaces_the_old_one(tmp_path, monk
     assert io.bytes_written == size
 
 
+def test_the_checkpoint_is_written_as_a_hidden_file_beside_it(tmp_path, monkeypatch):
+    """In the checkpoint's own folder (a rename within one filesystem is atomic; from /tmp it may fail), named after
+    it, hidden: what a killed save can leave behind says what it was."""
+    written = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if target.is_file():
+            written.append(target)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    AtomicCheckpointIO().save_checkpoint({"w": torch.ones(10)}, tmp_path / "runs" / "last.ckpt")
+    [temporary] = written
+    assert temporary.parent == tmp_path / "runs" and temporary.name.startswith(".last.ckpt.")
+
+
 def test_the_same_state_saved_twice_is_one_file_with_two_names(tmp_path):
     io = AtomicCheckpointIO()
     best, last = tmp_path / "best.ckpt", tmp_path / "last.ckpt"
