@@ -242,6 +242,25 @@ def test_ckpt_path_last_with_several_loggers_looks_where_the_first_one_logs(tmp_
     assert runs_folder(Namespace(logger=[tensorboard, csv])) == Path("logs/residual")
 
 
+def test_ckpt_path_last_looks_where_each_kind_of_logger_puts_its_runs():
+    """Lightning's default logger (``logger`` unset or true) under default_root_dir; a logger's save_dir (empty:
+    default_root_dir) and name; no folder for no logger, an empty list, or a logger without a save_dir."""
+    tb = "TensorBoardLogger"
+    cases = [
+        (Namespace(logger=None), Path("lightning_logs")),
+        (Namespace(logger=True, default_root_dir="runs"), Path("runs/lightning_logs")),
+        (Namespace(logger=None, default_root_dir="runs"), Path("runs/lightning_logs")),
+        (Namespace(logger=Namespace(class_path=tb, init_args=Namespace(save_dir="", name="x")), default_root_dir="r"),
+         Path("r/x")),
+        (Namespace(logger=Namespace(class_path=tb, init_args=Namespace(save_dir="logs"))), Path("logs")),
+        (Namespace(logger=False), None),
+        (Namespace(logger=[]), None),
+        (Namespace(logger=Namespace(class_path="MLFlowLogger", init_args=Namespace(experiment_name="x"))), None),
+    ]  # fmt: skip
+    for trainer, folder in cases:
+        assert runs_folder(trainer) == folder, trainer
+
+
 # -- three inputs that ended without a clear line ---------------------------------------------------------------
 
 
