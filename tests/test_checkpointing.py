@@ -7,6 +7,7 @@ Stopping and resuming (Ctrl-C, SIGTERM, kill -9, a full disk) at every moment: t
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,13 @@ def test_the_checkpoint_is_written_as_a_hidden_file_beside_it(tmp_path, monkeypa
     AtomicCheckpointIO().save_checkpoint({"w": torch.ones(10)}, tmp_path / "runs" / "last.ckpt")
     [temporary] = written
     assert temporary.parent == tmp_path / "runs" and temporary.name.startswith(".last.ckpt.")
+    assert temporary.suffix == ".part"
+    umask = os.umask(0o027)  # what the saved file's mode follows, as any new file's: rw for whom the umask allows
+    try:
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(10)}, tmp_path / "other.ckpt")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "other.ckpt").stat().st_mode & 0o777 == 0o640
 
 
 def test_the_same_state_saved_twice_is_one_file_with_two_names(tmp_path):
@@ -225,9 +233,29 @@ def test_ckpt_path_last_is_the_newest_run_counting_versions_as_numbers(tmp_path)
 
 def test_ckpt_path_last_names_a_newer_run_without_a_checkpoint(tmp_path):
     fake_run(tmp_path, "version_0")
-    (tmp_path / "version_1").mkdir()  # stopped before its first save
-    with pytest.raises(GptLitError, match=r"the newest run, .*version_1, has no checkpoint.*version_0/checkpoints/"):
+    fake_run(tmp_path, "version_1")
+    (tmp_path / "version_2").mkdir()  # stopped before its first save
+    with pytest.raises(GptLitError) as failed:
         latest_checkpoint(tmp_path, "last")
+    assert re.search(r"the newest run, .*version_2, has no checkpoint", str(failed.value))
+    newest_with_one = tmp_path / "version_1" / "checkpoints" / "last.ckpt"
+    assert str(failed.value).endswith(f"; the newest with one: --ckpt_path {newest_with_one}")
+
+
+def test_ckpt_path_last_skips_what_is_not_a_version_folder_and_says_when_there_is_no_run(tmp_path):
+    with pytest.raises(GptLitError, match="--ckpt_path last: the logger has no save_dir, so there is no run folder"):
+        latest_checkpoint(None, "last")
+    (tmp_path / "version_old").mkdir()  # not version_N
+    (tmp_path / "version_7").write_text("a file, not a run")
+    with pytest.raises(GptLitError, match=f"--ckpt_path best: no run in {tmp_path} "):
+        latest_checkpoint(tmp_path, "best")
+    (tmp_path / "version_3").mkdir()  # the only run, stopped before its first save: nothing older to name
+    with pytest.raises(GptLitError) as failed:
+        latest_checkpoint(tmp_path, "last")
+    assert str(failed.value).endswith("stopped before its first save, or ran with checkpointing off)")
+    fake_run(tmp_path, "version_0")
+    (tmp_path / "version_3").rmdir()
+    assert latest_checkpoint(tmp_path, "last") == str(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
 
 
 def test_ckpt_path_best_without_a_best_file_says_so(tmp_path):
