@@ -178,7 +178,8 @@ SECONDS = {"test_ddp": 60, "test_resume_windows": 55, "tiny_run": 75, "test_faul
            # test_ddp: 42 s, on two processes, so it counts more and goes first, while the other worker has much to do
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
-           "tests/test_mac.py::test_fit_with_two_spawned_workers_trains_on_the_same_batches": 14}  # fmt: skip
+           "tests/test_mac.py::test_fit_with_two_spawned_workers_trains_on_the_same_batches": 14,
+           "tests/test_smoke.py::test_fit_resume_test_predict": 14}  # fmt: skip
 SECONDS_EACH = {"test_settings_matrix": 30, "test_fault_matrix": 11, "test_checkpointing": 5, "test_resume": 8,
                 "test_bench": 4}  # test_settings_matrix: a case (its two tests), with GPT_LIT_SETTINGS_MATRIX=full
 

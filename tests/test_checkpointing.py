@@ -7,6 +7,7 @@ Stopping and resuming (Ctrl-C, SIGTERM, kill -9, a full disk) at every moment: t
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,31 @@ def test_the_checkpoint_is_fsynced_before_it_replaces_the_old_one(tmp_path, monk
     assert io.bytes_written == size
 
 
+def test_the_checkpoint_is_written_as_a_hidden_file_beside_it(tmp_path, monkeypatch):
+    """In the checkpoint's own folder (a rename within one filesystem is atomic; from /tmp it may fail), named after
+    it, hidden: what a killed save can leave behind says what it was."""
+    written = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if target.is_file():
+            written.append(target)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    AtomicCheckpointIO().save_checkpoint({"w": torch.ones(10)}, tmp_path / "runs" / "last.ckpt")
+    [temporary] = written
+    assert temporary.parent == tmp_path / "runs" and temporary.name.startswith(".last.ckpt.")
+    assert temporary.suffix == ".part"
+    umask = os.umask(0o027)  # what the saved file's mode follows, as any new file's: rw for whom the umask allows
+    try:
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(10)}, tmp_path / "other.ckpt")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "other.ckpt").stat().st_mode & 0o777 == 0o640
+
+
 def test_the_same_state_saved_twice_is_one_file_with_two_names(tmp_path):
     io = AtomicCheckpointIO()
     best, last = tmp_path / "best.ckpt", tmp_path / "last.ckpt"
@@ -193,6 +219,35 @@ def test_the_same_state_saved_twice_is_one_file_with_two_names(tmp_path):
     assert torch.load(last, weights_only=True)["w"].equal(torch.arange(100_000.0))
     io.save_checkpoint(better, tmp_path / "again.ckpt")  # the file it would link to is gone: written anew
     assert torch.load(tmp_path / "again.ckpt", weights_only=True)["global_step"] == 9
+
+
+def test_two_states_that_differ_only_after_the_first_4_mib_are_two_files(tmp_path):
+    """Same step, same size, the same first 8 MiB of weights and one number after them: not the same state."""
+    io = AtomicCheckpointIO()
+    w = torch.zeros(3 << 20)  # 12 MiB of float32
+    io.save_checkpoint({"global_step": 6, "w": w}, tmp_path / "best.ckpt")
+    changed = w.clone()
+    changed[-1] = 1.0  # the last weight, ~12 MiB into the file
+    io.save_checkpoint({"global_step": 6, "w": changed}, tmp_path / "last.ckpt")
+    best, last = (tmp_path / "best.ckpt").stat(), (tmp_path / "last.ckpt").stat()
+    assert best.st_size == last.st_size and best.st_ino != last.st_ino
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["w"][-1] == 1.0
+    assert torch.load(tmp_path / "best.ckpt", weights_only=True)["w"][-1] == 0.0
+    io.save_checkpoint({"global_step": 6, "w": changed}, tmp_path / "again.ckpt")  # all 12 MiB the same: one file
+    assert (tmp_path / "again.ckpt").stat().st_ino == last.st_ino
+
+
+def test_where_there_are_no_hard_links_the_same_state_is_written_again(tmp_path, monkeypatch):
+    def no_links(source, target):
+        raise OSError(errno.EPERM, "Operation not permitted")  # a filesystem without hard links (FAT, some mounts)
+
+    monkeypatch.setattr(os, "link", no_links)
+    io = AtomicCheckpointIO()
+    state = {"global_step": 6, "w": torch.arange(1000.0)}
+    io.save_checkpoint(state, tmp_path / "best.ckpt")
+    io.save_checkpoint(state, tmp_path / "last.ckpt")
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["w"].equal(state["w"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]  # and no temporary file
 
 
 def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
@@ -217,6 +272,29 @@ def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, mo
     assert f"the last good checkpoint is {path}" in message and "\n" not in message
     assert torch.load(path, weights_only=False)["step"] == 1  # whole and loadable
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "oldest_first, good",
+    [(["last.ckpt", "best-epoch03.ckpt"], "last.ckpt"),
+     (["best-epoch03.ckpt", "best-epoch01.ckpt"], "best-epoch01.ckpt"),
+     ([], None)],
+)  # fmt: skip
+def test_a_full_disk_names_the_last_good_checkpoint(tmp_path, monkeypatch, oldest_first, good):
+    """last.ckpt if there is one, even beside a newer file; else the newest checkpoint; else says there is none."""
+    for age, name in enumerate(reversed(oldest_first)):
+        (tmp_path / name).write_bytes(b"a checkpoint")
+        os.utime(tmp_path / name, (1e9 - age * 100, 1e9 - age * 100))
+    (tmp_path / "notes.txt").write_text("not a checkpoint, and the newest file")
+
+    def no_room(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpointing.os, "write", no_room)
+    with pytest.raises(GptLitError) as failed:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 2}, tmp_path / "new.ckpt")
+    said = f"the last good checkpoint is {tmp_path / good}" if good else "no checkpoint had been saved before"
+    assert said in str(failed.value)
 
 
 # -- --ckpt_path last | best ---------------------------------------------------------------------------------
@@ -244,9 +322,29 @@ def test_ckpt_path_last_is_the_newest_run_counting_versions_as_numbers(tmp_path)
 
 def test_ckpt_path_last_names_a_newer_run_without_a_checkpoint(tmp_path):
     fake_run(tmp_path, "version_0")
-    (tmp_path / "version_1").mkdir()  # stopped before its first save
-    with pytest.raises(GptLitError, match=r"the newest run, .*version_1, has no checkpoint.*version_0/checkpoints/"):
+    fake_run(tmp_path, "version_1")
+    (tmp_path / "version_2").mkdir()  # stopped before its first save
+    with pytest.raises(GptLitError) as failed:
         latest_checkpoint(tmp_path, "last")
+    assert re.search(r"the newest run, .*version_2, has no checkpoint", str(failed.value))
+    newest_with_one = tmp_path / "version_1" / "checkpoints" / "last.ckpt"
+    assert str(failed.value).endswith(f"; the newest with one: --ckpt_path {newest_with_one}")
+
+
+def test_ckpt_path_last_skips_what_is_not_a_version_folder_and_says_when_there_is_no_run(tmp_path):
+    with pytest.raises(GptLitError, match="--ckpt_path last: the logger has no save_dir, so there is no run folder"):
+        latest_checkpoint(None, "last")
+    (tmp_path / "version_old").mkdir()  # not version_N
+    (tmp_path / "version_7").write_text("a file, not a run")
+    with pytest.raises(GptLitError, match=f"--ckpt_path best: no run in {tmp_path} "):
+        latest_checkpoint(tmp_path, "best")
+    (tmp_path / "version_3").mkdir()  # the only run, stopped before its first save: nothing older to name
+    with pytest.raises(GptLitError) as failed:
+        latest_checkpoint(tmp_path, "last")
+    assert str(failed.value).endswith("stopped before its first save, or ran with checkpointing off)")
+    fake_run(tmp_path, "version_0")
+    (tmp_path / "version_3").rmdir()
+    assert latest_checkpoint(tmp_path, "last") == str(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
 
 
 def test_ckpt_path_best_with_two_monitors_names_both_and_how_to_pick(tmp_path):
@@ -271,6 +369,25 @@ def test_ckpt_path_last_with_several_loggers_looks_where_the_first_one_logs(tmp_
     tensorboard = Namespace(class_path="TensorBoardLogger", init_args=Namespace(save_dir="logs", name="residual"))
     csv = Namespace(class_path="CSVLogger", init_args=Namespace(save_dir="csv", name="lightning_logs"))
     assert runs_folder(Namespace(logger=[tensorboard, csv])) == Path("logs/residual")
+
+
+def test_ckpt_path_last_looks_where_each_kind_of_logger_puts_its_runs():
+    """Lightning's default logger (``logger`` unset or true) under default_root_dir; a logger's save_dir (empty:
+    default_root_dir) and name; no folder for no logger, an empty list, or a logger without a save_dir."""
+    tb = "TensorBoardLogger"
+    cases = [
+        (Namespace(logger=None), Path("lightning_logs")),
+        (Namespace(logger=True, default_root_dir="runs"), Path("runs/lightning_logs")),
+        (Namespace(logger=None, default_root_dir="runs"), Path("runs/lightning_logs")),
+        (Namespace(logger=Namespace(class_path=tb, init_args=Namespace(save_dir="", name="x")), default_root_dir="r"),
+         Path("r/x")),
+        (Namespace(logger=Namespace(class_path=tb, init_args=Namespace(save_dir="logs"))), Path("logs")),
+        (Namespace(logger=False), None),
+        (Namespace(logger=[]), None),
+        (Namespace(logger=Namespace(class_path="MLFlowLogger", init_args=Namespace(experiment_name="x"))), None),
+    ]  # fmt: skip
+    for trainer, folder in cases:
+        assert runs_folder(trainer) == folder, trainer
 
 
 # -- three inputs that ended without a clear line ---------------------------------------------------------------

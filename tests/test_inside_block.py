@@ -387,6 +387,32 @@ def test_each_instrument_logs_at_the_start_and_at_loss_vals_step(runs):
     assert values(acc, "lens/block_1")[-1][1] == pytest.approx(lens_losses(module.model, x, y)[0], abs=1e-4)
 
 
+def test_each_blocks_attention_image_is_a_drawing_of_its_own_weights(runs):
+    """The last images of blocks 1 and 2, decoded from the run's events, against a full draw of each block's weights
+    on the final model (the first validation window's first tokens, in the pass over the probe's windows)."""
+    import io
+
+    from PIL import Image
+
+    from gpt_lit.callbacks.attention import attention_figure, token_labels
+    from gpt_lit.callbacks.figures import figure_pixels
+
+    (acc, module), _ = runs
+    probe = AttentionMaps()  # the shipped config's: the defaults
+    n, val = probe.num_tokens, module.trainer.datamodule.val_set
+    windows = torch.stack([val[i][0] for i in range(probe.num_sequences)])
+    module.eval()
+    weights = [w[0, :, :n, :n] for w in block_attentions(module.model, windows)]
+    labels = token_labels(windows[0, :n].tolist())
+    for i, own in enumerate(weights, 1):
+        last = acc.Images(f"attention/block_{i}")[-1]
+        shown = np.asarray(Image.open(io.BytesIO(last.encoded_image_string)))
+        drawn = figure_pixels(attention_figure(own, labels, block=i, epoch=2))  # after epoch 1, the last
+        assert np.array_equal(shown, drawn), f"block {i}"
+    block_1_as_2 = figure_pixels(attention_figure(weights[0], labels, block=2, epoch=2))
+    assert not np.array_equal(shown, block_1_as_2)  # block 2's weights are not block 1's, in the picture too
+
+
 def test_the_probes_of_one_moment_share_one_pass_and_no_other():
     model, x = tiny_model(residual=True), tokens(batch=4)
     passes = []
@@ -404,6 +430,36 @@ def test_the_probes_of_one_moment_share_one_pass_and_no_other():
     other.blocks[0].register_forward_hook(lambda *_: passes.append(1))
     shared(other, x.flip(0), moment=(7, 2))  # another model
     assert len(passes) == 5
+
+
+def test_a_model_made_after_another_was_freed_gets_its_own_pass():
+    """Models made and freed one after another, each measured at the same moment on the same windows (as tests and
+    scripts do): each gets its own weights, though a new model usually gets the freed one's ``id`` (its config is
+    made beforehand, so the model is the first object of its size made after the free)."""
+    x, model = tokens(), None
+    configs = [GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2, residual=r) for r in
+               (True, False)]  # fmt: skip
+    for i in range(20):
+        torch.manual_seed(i)  # before the free: it makes objects too
+        del model
+        model = GPT(configs[i % 2]).eval()
+        sentence, _ = AttentionMaps(num_tokens=5).measure(model, x)  # the shared pass, at moment (0, 0)
+        for got, want in zip(sentence, block_attentions(model, x[:1, :5]), strict=True):
+            torch.testing.assert_close(got, want[0], msg=f"model {i} was handed another model's pass")
+
+
+def test_the_position_figures_octave_means_are_those_of_their_positions():
+    """Octaves 1, 2-3, 4-7 and the last from 8 to the end (8-15 and a short 16-20 are one), by hand on 20 losses."""
+    from gpt_lit.callbacks.position_loss import octave_means
+
+    losses = [float(p * p) for p in range(1, 21)]  # position p's loss: p squared
+    centres, means = octave_means(losses)
+    octaves = [(1, 1), (2, 3), (4, 7), (8, 20)]
+    assert means == pytest.approx([sum(p * p for p in range(lo, hi + 1)) / (hi - lo + 1) for lo, hi in octaves])
+    assert centres == pytest.approx([math.sqrt(lo * hi) for lo, hi in octaves])
+    centres, means = octave_means([5.0] * 32)  # 32 positions: the last octave is 16-32
+    assert centres == pytest.approx([1.0, math.sqrt(6), math.sqrt(28), math.sqrt(120), math.sqrt(16 * 32)])
+    assert means == pytest.approx([5.0] * 5)
 
 
 def test_loss_by_position_averages_to_loss_val(runs):

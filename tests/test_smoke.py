@@ -1,8 +1,8 @@
 """The smoke path a reader takes, on a tiny model: fit two steps, resume, test, predict; and the screen it shows.
 
-CI runs it in an environment with the lowest version of every dependency pyproject.toml allows (.ci/lowest),
-so that each lower bound has really run. The full suite leaves it out (its steps are tested there one by
-one); ``python -m pytest -m smoke`` runs it.
+It runs in the full suite like every other test; CI runs it again, alone (``python -m pytest -m smoke``), in an
+environment with the lowest version of every dependency pyproject.toml allows (.ci/lowest), so that each lower
+bound has really run the same assertions.
 """
 
 from pathlib import Path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -63,23 +64,27 @@ class SharedPass:
     """The last ``record_blocks`` of one moment (a model, at a step of an epoch), handed to every probe of that
     moment that asks for the same windows or fewer: the similarity, attention, stream and lens probes of an
     epoch's end all read the first windows of the validation set, and one pass serves them all (each pass of
-    4 windows is ~30 ms on a 2-core CPU). ``clear`` drops it (the probes clear it when training resumes)."""
+    4 windows is ~30 ms on a 2-core CPU). ``clear`` drops it (the probes clear it when training resumes).
+
+    The model is held by a weak reference, not by ``id``: a model made after the recorded one was freed may get
+    its ``id``, and would be handed the other model's record."""
 
     def __init__(self) -> None:
+        self.model: weakref.ref[GPT] | None = None
         self.moment: tuple | None = None
         self.record: BlockRecord | None = None
 
     def __call__(self, model: GPT, idx: torch.Tensor, moment: tuple) -> BlockRecord:
-        key = (id(model), *moment)
         n, record = len(idx), self.record
-        if self.moment == key and record is not None and len(record.tokens) >= n:
+        same = self.model is not None and self.model() is model and self.moment == moment
+        if same and record is not None and len(record.tokens) >= n:
             if record.tokens.shape[1:] == idx.shape[1:] and torch.equal(record.tokens[:n], idx):
                 return record.rows(n)
-        self.moment, self.record = key, record_blocks(model, idx)
+        self.model, self.moment, self.record = weakref.ref(model), moment, record_blocks(model, idx)
         return self.record
 
     def clear(self) -> None:
-        self.moment = self.record = None
+        self.model = self.moment = self.record = None
 
 
 SHARED_PASS = SharedPass()  # one per process, as the probes of one run share it
