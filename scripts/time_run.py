@@ -26,18 +26,15 @@ START = time.perf_counter()  # the wall time counts the imports too: a user wait
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import eval_flops_per_token, matmul_params, matmul_step, train_flops_per_token  # noqa: E402
-
 from gpt_lit.cli import main as gpt_lit_main  # noqa: E402
+from gpt_lit.flops import eval_flops_per_token, matmul_params, train_flops_per_token  # noqa: E402
+from gpt_lit.flops import matmul_peak as peak_of  # noqa: E402
 from gpt_lit.model import count_params  # noqa: E402
 
 
@@ -65,15 +62,8 @@ class TokenCount(Callback):
 
 
 def matmul_peak(reps: int = 10) -> float:
-    """FLOP/s of bench.py's 2048 x 2048 fp32 ``torch.mm``: the median of ``reps``, after one warm-up."""
-    step, flops = matmul_step(torch.device("cpu"), torch.float32, 2048, 1)
-    step()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return flops / statistics.median(times)
+    """FLOP/s of bench.py's 2048 x 2048 fp32 ``torch.mm`` on the CPU: the median of ``reps``, after one warm-up."""
+    return peak_of("cpu", torch.float32, 2048, reps)
 
 
 def main() -> None:
