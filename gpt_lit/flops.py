@@ -39,8 +39,10 @@ def eval_flops_per_token(cfg: GPTConfig, seq_len: int, n_params: int | None = No
 
 
 def matmul_step(device: torch.device, dtype: torch.dtype, n: int, reps: int) -> tuple[Callable[[], None], int]:
-    """``reps`` (n x n) @ (n x n) products per call, and their FLOPs."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    """``reps`` (n x n) @ (n x n) products per call, and their FLOPs. The matrices are drawn from a generator of
+    their own: measuring the peak leaves the run's random numbers (dropout's masks) as they were."""
+    generator = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=generator) for _ in range(2))
 
     def step() -> None:
         for _ in range(reps):

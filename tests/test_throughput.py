@@ -3,12 +3,14 @@ matmul weights, and the rates the run's own counters give."""
 
 import lightning as L
 import pytest
+import torch
 import torch.nn as nn
 from conftest import QUIET_TRAINER, scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lit.callbacks import Throughput
 from gpt_lit.data import TimeMachineData
+from gpt_lit.flops import matmul_peak
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
 
@@ -56,3 +58,12 @@ def test_mfu_counts_the_flops_of_the_matmuls_over_the_measured_peak(run, stage, 
         assert flop_rate == pytest.approx(rate * flops_per_token, rel=1e-4)
         assert used == pytest.approx(flop_rate / callback.peak, rel=1e-4)
     assert 1e8 < callback.peak < 1e16  # a measured rate in FLOP/s
+
+
+def test_measuring_the_peak_leaves_the_runs_random_numbers_alone():
+    # The callback measures the peak in setup, after seeding and before training: dropout's masks must not change.
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    matmul_peak("cpu", reps=1, n=64)
+    assert torch.rand(3).equal(expected)
