@@ -13,8 +13,8 @@ import sys
 import torch
 
 # Evaluation's tile of logits: ROWS tokens x BLOCK words, 8 MB in fp32, computed, reduced and dropped while in the
-# CPU's last-level cache; the head's BLOCK rows (2 MB at emb_dim 256) are read once per ROWS tokens. (On one thread:
-# half the time of log_softmax over chunks of 1024 whole rows, for 1024 x 50,257 logits; 512 rows: 0.62 of it.)
+# CPU's last-level cache; the head's BLOCK rows (2 MB at emb_dim 256) are read once per ROWS tokens
+# (docs/performance.md, "Where a run's time goes", has the measurement).
 ROWS, BLOCK = 1024, 2048
 
 
