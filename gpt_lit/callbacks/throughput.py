@@ -44,7 +44,8 @@ class Throughput(ThroughputMonitor):
 
         MFU = FLOPs per token x tokens/s / peak: training 6 N + 12 n_layers T emb_dim per token, evaluation
         2 N + 4 n_layers T emb_dim (gpt_lit/flops.py), over the rate of a 2048 x 2048 ``torch.mm`` in the
-        precision's matmul dtype, measured once when the run starts (a fraction of a second).
+        precision's matmul dtype (the median of 3, as ``scripts/bench.py`` measures it), measured once when the run
+        starts.
 
         Args:
             window_size: Steps (or evaluation batches) each rate is averaged over; at least 2.
@@ -58,7 +59,7 @@ class Throughput(ThroughputMonitor):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if self.peak is None:
-            self.peak = matmul_peak(trainer.strategy.root_device, matmul_dtype(str(trainer.precision)))
+            self.peak = matmul_peak(trainer.strategy.root_device, matmul_dtype(str(trainer.precision)), reps=3)
         self.available_flops = int(self.peak)
         # ThroughputMonitor asks Lightning's table of GPUs for the peak (none for CPUs) and gives it to the Throughput
         # objects it makes here; its `_throughputs` is the only way to give them the measured one instead (checked
