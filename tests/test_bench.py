@@ -246,8 +246,9 @@ def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatc
     """scripts/time_run.py on one epoch of a tiny residual.yaml: the tokens it counts are the run's windows."""
     monkeypatch.chdir(ROOT)
     args = ["configs/residual.yaml", "--trainer.max_epochs", "1", *TINY_CLI, "--trainer.limit_train_batches", "3"]
-    # the machine's peak (a 2048 x 2048 matmul, 22 times) is the script's to measure, not this test's: 50 GFLOP/s
-    figures, _ = script_figures(capsys, monkeypatch, "time_run.py", *args, matmul_peak=lambda reps=10: 5e10)
+    # the machine's peak (a 2048 x 2048 matmul, 22 times) is the script's to measure, not this test's: 0.5 GFLOP/s,
+    # so the steps' matmuls take longer than the steps (train_rest < 0) and a part left out shows in the sum
+    figures, _ = script_figures(capsys, monkeypatch, "time_run.py", *args, matmul_peak=lambda reps=10: 5e8)
     dm = TimeMachineData(context_length=32, batch_size=4)
     dm.setup("fit")
     T, val_windows = 32, len(dm.val_set)
@@ -261,7 +262,7 @@ def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatc
         2 * n + 4 * 2 * T * 32
     )
     assert float(figures["flops"]) == pytest.approx(flops, rel=1e-3)
-    assert float(figures["flops_over_peak_s"]) == pytest.approx(flops / 5e10, rel=1e-3)
+    assert float(figures["flops_over_peak_s"]) == pytest.approx(flops / 5e8, rel=1e-3)
     assert float(figures["wall_vs_flops"]) == pytest.approx(
         float(figures["wall_s"]) / float(figures["flops_over_peak_s"]), rel=1e-2
     )
@@ -271,6 +272,6 @@ def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatc
     assert sorted(parts) == sorted(["start", "train_matmul", "train_rest", "eval", "checkpoints", "diagnostics", "end"])
     assert sum(parts.values()) == pytest.approx(float(figures["wall_s"]), rel=1e-3)
     n = 12 * 2 * 32**2 + 50257 * 32  # matmul weights: the blocks, the head
-    assert parts["train_matmul"] == pytest.approx(3 * 4 * T * (6 * n + 12 * 2 * T * 32) / 5e10, rel=1e-3)
-    assert all(seconds > 0 for seconds in parts.values()), parts  # one save at least: last.ckpt
+    assert parts["train_matmul"] == pytest.approx(3 * 4 * T * (6 * n + 12 * 2 * T * 32) / 5e8, rel=1e-3)
+    assert all(seconds > 0 for part, seconds in parts.items() if part != "train_rest"), parts  # a save: last.ckpt
     assert 0 < float(figures["loss/train"]) < 11 and 0 < float(figures["loss/val"]) < 11
