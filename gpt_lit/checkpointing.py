@@ -1,11 +1,14 @@
 """Checkpoint files: ``last.ckpt`` is always the newest state a run can resume from exactly; never half-written.
 
-Two pieces, which the CLI puts into every ``fit``:
+Three pieces, which the CLI puts into every ``fit``:
 
 - ``AtomicCheckpointIO`` writes each checkpoint to a temporary file in its own folder, flushes and fsyncs it,
   then renames it over the old one: a save that fails (a full disk, a killed process) leaves the previous
   checkpoint whole. A full disk ends the run with one line naming the folder, the bytes the checkpoint needs
   and the last good checkpoint. Under ``AsyncCheckpointIO`` it is the plugin that does the writing.
+- ``BackgroundCheckpointIO`` runs those saves on a thread of their own while training goes on: the training
+  thread only copies the state's tensors (``snapshot``); serializing, writing, fsyncing, renaming and linking
+  happen beside it (gpt_lit/checkpoint_thread.py).
 - ``LastCheckpoint`` (gpt_lit/callbacks/last_checkpoint.py) owns ``last.ckpt``: it saves it at the end of every
   epoch, after a step where another checkpoint callback saved (a step or time interval), when Ctrl-C or SIGTERM
   stops the run, and at the end of ``fit``. Best and top-k files are Lightning's ``ModelCheckpoint``'s.
@@ -14,6 +17,7 @@ Two pieces, which the CLI puts into every ``fit``:
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import os
 import shutil
@@ -98,18 +102,14 @@ def fsync_folder(folder: Path) -> None:
         pass
 
 
-def holds(path: Path, data: memoryview) -> bool:
-    """Whether the file ``path`` holds exactly ``data``; reads until the first difference."""
+def file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells one file from another, and a rewritten file from itself: (device, inode, size, mtime in ns);
+    None if there is no file."""
     try:
-        if path.stat().st_size != len(data):
-            return False
-        with open(path, "rb") as f:
-            for start in range(0, len(data), 1 << 22):
-                if f.read(1 << 22) != data[start : start + (1 << 22)]:
-                    return False
-        return True
+        st = path.stat()
     except OSError:
-        return False
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def link_atomically(source: Path, path: Path) -> bool:
@@ -134,7 +134,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     A checkpoint byte for byte the same as the one this plugin saved last (the best file and ``last.ckpt`` of
     the same epoch's end) becomes a hard link to it: one copy on disk. As every save replaces its file by a
-    rename, a name saved again or deleted later leaves the other name's file as it was.
+    rename, a name saved again or deleted later leaves the other name's file as it was. "The same bytes" is
+    told without reading the file back: the SHA-256 of the bytes serialized now against that of the bytes
+    written last, while that file is still the one written (the same inode, size and modification time).
     """
 
     def __init__(self) -> None:
@@ -142,6 +144,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.bytes_written = 0  # what this process's saves wrote, in bytes
         self.saved_last: tuple[Path, int | None] | None = None  # (path, global step) of the latest save
         self.failed: NoRoomError | None = None  # under several processes, a save that found no room, until raised
+        self.saved_digest: tuple[bytes, tuple[int, int, int, int] | None] | None = None  # the latest save's
+        # SHA-256 and its file's identity (file_identity) just after it was written
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None or not _is_local_file_protocol(path):
@@ -152,7 +156,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         torch.save(checkpoint, buffer)
         data = buffer.getbuffer()
         step = checkpoint.get("global_step")
-        if self.saved_last is not None and self.saved_last[1] == step and holds(self.saved_last[0], data):
+        digest = hashlib.sha256(data).digest()  # releases the GIL: training goes on beside a background save
+        if self.saved_last is not None and self.saved_last[1] == step and self.still_holds(digest):
             if link_atomically(self.saved_last[0], path):  # the same state again: a second name for the file
                 self.saved_last = (path, step)
                 return
@@ -179,6 +184,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise error from None
         self.bytes_written += len(data)
         self.saved_last = (path, step)
+        self.saved_digest = (digest, file_identity(path))
 
     def remove_checkpoint(self, path: _PATH) -> None:
         """Remove ``path``, unless a save failed since: a ModelCheckpoint removes its previous best or top-k
@@ -186,3 +192,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         ``failed``); the file it would have replaced stays."""
         if self.failed is None:
             super().remove_checkpoint(path)
+
+    def still_holds(self, digest: bytes) -> bool:
+        """Whether the file saved last holds the bytes whose SHA-256 is ``digest``: the same digest as when it was
+        written, and the file still that one, untouched since."""
+        if self.saved_last is None or self.saved_digest is None:
+            return False
+        written, identity = self.saved_digest
+        return written == digest and identity is not None and file_identity(self.saved_last[0]) == identity

@@ -41,6 +41,7 @@ from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint, refusal
+from gpt_lit.checkpoint_thread import BackgroundCheckpointIO
 from gpt_lit.checkpointing import AtomicCheckpointIO
 from gpt_lit.config_names import shipped_configs, with_shipped_configs
 from gpt_lit.config_sources import where_from
@@ -209,15 +210,15 @@ class GPTLitCLI(LightningCLI):
             kwargs["enable_checkpointing"] = False
         else:
             callbacks.append(LastCheckpoint())  # last.ckpt, whatever checkpoint callbacks the config lists
-        # Atomic saves, whatever --trainer.plugins the user gives (unless it is a CheckpointIO of their own);
-        # AsyncCheckpointIO without a CheckpointIO to wrap wraps the atomic one.
+        # Atomic saves on a thread beside training, whatever --trainer.plugins the user gives (unless it is a
+        # CheckpointIO of their own); AsyncCheckpointIO without a CheckpointIO to wrap wraps the atomic one.
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list) else [plugins]
         for plugin in plugins:
             if isinstance(plugin, AsyncCheckpointIO) and plugin.checkpoint_io is None:
                 plugin.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            plugins.append(AtomicCheckpointIO())
+            plugins.append(BackgroundCheckpointIO(AtomicCheckpointIO()))
         trainer = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         use_quiet_summary(trainer)
         use_quiet_progress_bar(trainer)

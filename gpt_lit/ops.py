@@ -11,7 +11,11 @@ import ctypes
 import sys
 
 import torch
-import torch.nn.functional as F
+
+# Evaluation's tile of logits: ROWS tokens x BLOCK words, 8 MB in fp32, computed, reduced and dropped while in the
+# CPU's last-level cache; the head's BLOCK rows (2 MB at emb_dim 256) are read once per ROWS tokens
+# (docs/performance.md, "Where a run's time goes", has the measurement).
+ROWS, BLOCK = 1024, 2048
 
 
 def token_losses(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor, host_check: bool) -> torch.Tensor:
@@ -65,12 +69,13 @@ class _HeadCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None
 
 
-def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = ROWS) -> torch.Tensor:
     """``F.cross_entropy(F.linear(h, weight), targets)`` (mean over all N targets), computed faster.
 
     h: (N, C) final hidden states, weight: (V, C) output head, targets: (N,) token IDs, every one counted
-    (there is no ignore_index). With gradients it uses ``_HeadCrossEntropy``; without (evaluation), ``chunk``
-    rows at a time, so a batch of 64 x 128 tokens never holds its 1.6 GB of logits at once. Under autocast
+    (there is no ignore_index). With gradients it uses ``_HeadCrossEntropy``; without (evaluation),
+    ``head_token_losses``: tiles of ``chunk`` rows by 2048 words, so a batch of 64 x 128 tokens never holds its
+    1.6 GB of logits at once (equal to float rounding, 1e-6 relative, not to the last bit). Under autocast
     the matmul runs in the autocast dtype (bf16-mixed: bf16) and the softmax in fp32, as ``F.linear``
     followed by ``.float()`` would.
     """
@@ -87,47 +92,57 @@ def autocast_dtype(h: torch.Tensor) -> torch.dtype:
 
 @torch.no_grad()
 def head_token_losses(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For evaluation: the mean cross-entropy of ``head_cross_entropy`` and every token's own loss, (), (N,).
 
-    ``chunk`` rows at a time. The mean is ``F.cross_entropy(..., reduction="sum") / N`` to the last bit
-    (cross_entropy is nll_loss of log_softmax, computed here once and read twice); the per-token losses are
-    the same log-probabilities, gathered, so they add up to the mean's sum up to float summation order.
+    The losses of ``vocab_blocked_token_losses``, ``chunk`` rows at a time; the mean is theirs. Equal to
+    ``F.cross_entropy(F.linear(h, weight), targets)`` to float rounding (1e-6 relative; tests check), not to the
+    last bit: the log-sum-exp is accumulated block by block. ``loss()`` and ``eval_losses()`` both come here
+    without gradients, so an evaluation's two means are the same to the last bit.
     """
-    w_c, total = weight.to(autocast_dtype(h)), h.new_zeros((), dtype=torch.float32)
-    losses = h.new_empty(len(h), dtype=torch.float32)
-    for i in range(0, len(h), chunk):
-        logp = F.log_softmax((h[i : i + chunk].to(w_c.dtype) @ w_c.T).float(), dim=-1)  # (chunk, V)
-        t = targets[i : i + chunk]
-        total += F.nll_loss(logp, t, reduction="sum")
-        losses[i : i + chunk] = -logp.gather(1, t[:, None]).squeeze(1)
-    return total / len(h), losses
+    losses = vocab_blocked_token_losses(h, weight, targets, rows=chunk)
+    return losses.mean(), losses
 
 
 @torch.no_grad()
 def vocab_blocked_token_losses(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block: int = 2048
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block: int = BLOCK, rows: int = ROWS
 ) -> torch.Tensor:
     """Each row's cross-entropy ``-log softmax(h W^T)[t]``, (N,), from (N, C) rows, the (V, C) head and (N,) targets,
-    for evaluation; the vocabulary ``block`` columns at a time.
+    for evaluation: ``rows`` rows at a time, and for each, the vocabulary ``block`` columns at a time.
 
     log sum_j exp(logit_j) is accumulated over the blocks with a running maximum (``top``) and sum of
-    exp(logit - top) (as flash attention's softmax does), and the target's logit is a dot product. One block's
-    logits (N x ``block``) stay in the CPU's caches where a chunk of whole rows does not: for the logit lens's
-    4 x 256 rows on a 2-core CPU, 25% less time than ``head_token_losses`` (whose log_softmax reads and writes each
-    row's 50,257 logits in memory three times). The same numbers as ``F.cross_entropy(..., reduction="none")`` up
-    to float rounding (tests check).
+    exp(logit - top) (as flash attention's softmax does), and the target's logit is read from its block. One
+    tile of logits (``rows`` x ``block``) stays in the CPU's caches, where a whole row of 50,257 logits, read
+    and written several times by a log_softmax, goes to memory and back. Under autocast the matmul runs in the
+    autocast dtype and the rest in fp32, as ``F.linear`` followed by ``.float()`` would. The same numbers as
+    ``F.cross_entropy(..., reduction="none")`` up to float rounding (tests check).
     """
+    dtype = autocast_dtype(h)
+    h_c, w_c = h.to(dtype), weight.to(dtype)
+    losses = torch.empty(len(h), device=h.device)
+    for i in range(0, len(h), rows):
+        losses[i : i + rows] = row_losses(h_c[i : i + rows], w_c, targets[i : i + rows], block)
+    return losses
+
+
+def row_losses(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block: int) -> torch.Tensor:
+    """``vocab_blocked_token_losses`` of a few rows: (n, C), (V, C), (n,) -> (n,), h and weight in the matmul's
+    dtype."""
     n = len(h)
     top = torch.full((n,), -torch.inf, device=h.device)  # the largest logit so far, per row
     total = torch.zeros(n, device=h.device)  # sum of exp(logit - top) so far, per row
+    target_logits = torch.zeros(n, device=h.device)
     for start in range(0, len(weight), block):
-        logits = (h @ weight[start : start + block].T).float()  # (N, block)
-        new_top = torch.maximum(top, logits.amax(dim=1))  # (N,)
+        logits = (h @ weight[start : start + block].T).float()  # (n, block)
+        local = targets - start
+        inside = (local >= 0) & (local < logits.shape[1])
+        picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None]).squeeze(1)
+        target_logits = torch.where(inside, picked, target_logits)
+        new_top = torch.maximum(top, logits.amax(dim=1))  # (n,)
         total = total * torch.exp(top - new_top) + logits.sub_(new_top[:, None]).exp_().sum(dim=1)
         top = new_top
-    target_logits = (h.float() * weight[targets].float()).sum(dim=1)  # (N,)
     return top + total.log() - target_logits
 
 

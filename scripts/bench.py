@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
+from gpt_lit.flops import eval_flops_per_token, matmul_params, matmul_step, train_flops_per_token  # noqa: F401
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
 from gpt_lit.ops import head_cross_entropy, keep_freed_memory
@@ -69,26 +70,6 @@ class Shape:
     eval_batch_size: int
     steps: int  # timed training steps of each contender (plus one warm-up step)
     eval_steps: int  # timed evaluation batches of each contender (plus one warm-up batch)
-
-
-def matmul_params(cfg: GPTConfig) -> int:
-    """N: weights that do matmuls: per block qkv 3d^2 + proj d^2 + fc 4d^2 + proj 4d^2, plus the head V d."""
-    return cfg.n_layers * 12 * cfg.emb_dim**2 + cfg.vocab_size * cfg.emb_dim
-
-
-def train_flops_per_token(cfg: GPTConfig, seq_len: int, n_params: int | None = None) -> int:
-    """6 N (forward 2N, backward 4N) + 12 n_layers T emb_dim (attention scores and weighted sums).
-
-    N is ``n_params`` when given (e.g. every parameter), else the matmul weights (``matmul_params``).
-    """
-    n = matmul_params(cfg) if n_params is None else n_params
-    return 6 * n + 12 * cfg.n_layers * seq_len * cfg.emb_dim
-
-
-def eval_flops_per_token(cfg: GPTConfig, seq_len: int, n_params: int | None = None) -> int:
-    """The forward pass alone: 2 N + 4 n_layers T emb_dim."""
-    n = matmul_params(cfg) if n_params is None else n_params
-    return 2 * n + 4 * cfg.n_layers * seq_len * cfg.emb_dim
 
 
 def sync(device: torch.device) -> None:
@@ -181,17 +162,6 @@ def eval_step(model, loss_fn, loader: DataLoader, device: torch.device, precisio
             loss_fn(model, x, y).item()
 
     return step
-
-
-def matmul_step(device: torch.device, dtype: torch.dtype, n: int, reps: int) -> tuple[Callable[[], None], int]:
-    """``reps`` (n x n) @ (n x n) products per call, and their FLOPs."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-
-    def step() -> None:
-        for _ in range(reps):
-            torch.mm(a, b)
-
-    return step, 2 * n**3 * reps
 
 
 class Interleaved(Callback):

@@ -16,6 +16,17 @@ start (imports, tokenizing the book), which the wall time includes.
 It prints one figure a line, ``name: value``: ``wall_s`` (from the script's start to the end of ``fit``),
 ``fit_s``, ``flops``, ``flops_over_peak_s`` and ``wall_vs_flops`` (``wall_s`` / ``flops_over_peak_s``),
 each also ``_matmul_only``, and the final epoch losses.
+
+Then where the wall time went, ``time/<part>_s`` (they add up to ``wall_s``), each with its ``share/<part>``:
+  start             the script's start to the first training step: imports, tokenizing the book, building
+                    the model, the trainer's setup
+  train_matmul      the training steps' matrix products: their FLOPs (matmul weights only) over the peak
+  train_rest        the rest of the training steps' time (softmax, dropout, norms, optimizer, autograd, loop)
+  eval              the evaluation batches (the whole training and validation sets each epoch)
+  checkpoints       time the training thread spent in ``trainer.save_checkpoint``
+  diagnostics       everything else between the first step and the end of training: the epoch-end hooks of
+                    the diagnostics (figures, samples, similarity, attention maps) and Lightning's loops
+  end               the end of training to the end of ``fit``: waiting for the last checkpoint's write, teardown
 """
 
 from __future__ import annotations
@@ -26,18 +37,15 @@ START = time.perf_counter()  # the wall time counts the imports too: a user wait
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import eval_flops_per_token, matmul_params, matmul_step, train_flops_per_token  # noqa: E402
-
 from gpt_lit.cli import main as gpt_lit_main  # noqa: E402
+from gpt_lit.flops import eval_flops_per_token, matmul_params, train_flops_per_token  # noqa: E402
+from gpt_lit.flops import matmul_peak as peak_of  # noqa: E402
 from gpt_lit.model import count_params  # noqa: E402
 
 
@@ -64,16 +72,48 @@ class TokenCount(Callback):
             self.eval_tokens += batch[1].numel()
 
 
+class Phases(Callback):
+    """When training starts and ends, and the time spent in training batches, evaluation batches and saves."""
+
+    def __init__(self):
+        self.train_start = self.train_end = 0.0
+        self.train_s = self.eval_s = self.save_s = self.saved_by_end = 0.0
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        save = trainer.save_checkpoint  # every save (LastCheckpoint's, ModelCheckpoint's) goes through it
+
+        def timed_save(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self.save_s += time.perf_counter() - t0
+
+        trainer.save_checkpoint = timed_save
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.train_start = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.train_end = time.perf_counter()
+        self.saved_by_end = self.save_s  # a save after this (LastCheckpoint's at the end of fit) counts once
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.train_s += time.perf_counter() - self._t0
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.eval_s += time.perf_counter() - self._t0
+
+
 def matmul_peak(reps: int = 10) -> float:
-    """FLOP/s of bench.py's 2048 x 2048 fp32 ``torch.mm``: the median of ``reps``, after one warm-up."""
-    step, flops = matmul_step(torch.device("cpu"), torch.float32, 2048, 1)
-    step()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return flops / statistics.median(times)
+    """FLOP/s of bench.py's 2048 x 2048 fp32 ``torch.mm`` on the CPU: the median of ``reps``, after one warm-up."""
+    return peak_of("cpu", torch.float32, 2048, reps)
 
 
 def main() -> None:
@@ -85,14 +125,15 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
     peak_before = matmul_peak()
-    counter = TokenCount()
+    counter, phases = TokenCount(), Phases()
     with tempfile.TemporaryDirectory() as tmp:
         where = [] if args.keep else ["--trainer.logger.init_args.save_dir", tmp]
         cli = gpt_lit_main(
             ["fit", "--config", args.config, "--trainer.enable_progress_bar", "false", *where, *fit_options],
-            extra_callbacks=[counter],
+            extra_callbacks=[counter, phases],
         )
-        wall = time.perf_counter() - START
+        end = time.perf_counter()
+        wall = end - START
     peak_after = matmul_peak()
     peak = (peak_before + peak_after) / 2
 
@@ -119,6 +160,20 @@ def main() -> None:
     for name in ("loss/train", "loss/val"):
         if name in cli.trainer.callback_metrics:
             out[name] = cli.trainer.callback_metrics[name].item()
+    train_matmul = counter.train_tokens * train_flops_per_token(cfg, T) / peak
+    parts = {
+        "start": phases.train_start - START,
+        "train_matmul": train_matmul,
+        "train_rest": phases.train_s - train_matmul,
+        "eval": phases.eval_s,
+        "checkpoints": phases.save_s,
+        "diagnostics": (phases.train_end - phases.train_start) - phases.train_s - phases.eval_s - phases.save_s,
+        "end": end - phases.train_end - (phases.save_s - phases.saved_by_end),
+    }
+    for part, seconds in parts.items():
+        out[f"time/{part}_s"] = seconds
+    for part, seconds in parts.items():
+        out[f"share/{part}"] = seconds / wall
     for k, v in out.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
 

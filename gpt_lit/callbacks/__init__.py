@@ -13,6 +13,7 @@ from gpt_lit.callbacks.runs_table import RunsTable
 from gpt_lit.callbacks.samples import Samples
 from gpt_lit.callbacks.similarity import PositionSimilarity, block_similarities, mean_position_similarity
 from gpt_lit.callbacks.stream import ResidualStream, stream_sizes
+from gpt_lit.callbacks.throughput import Throughput
 from gpt_lit.callbacks.unigram import UnigramBaseline, unigram_entropy
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "ResidualStream",
     "RunsTable",
     "Samples",
+    "Throughput",
     "UnigramBaseline",
     "attention_weights",
     "block_attentions",
