@@ -37,8 +37,8 @@ NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # disk full, file size limi
 
 
 def read_umask() -> int:
-    """The process's umask, read once at import (``UMASK``), never at save time: outside Linux's /proc, reading
-    it means setting it for a moment, and another thread (an AsyncCheckpointIO save, a DataLoader thread)
+    """The process's umask as it is now, from Linux's /proc; elsewhere the one read at import (``UMASK``): outside
+    /proc, reading it means setting it for a moment, and another thread (a background save, a DataLoader thread)
     creating a file in that moment would get that mode."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -46,6 +46,8 @@ def read_umask() -> int:
                 return int(line.split()[1], 8)
     except OSError:
         pass
+    if "UMASK" in globals():
+        return UMASK
     umask = os.umask(0o022)
     os.umask(umask)
     return umask
@@ -77,7 +79,7 @@ def write_atomically(data: memoryview, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
         try:
-            os.fchmod(fd, 0o666 & ~UMASK)  # mkstemp makes the file private; a checkpoint has the usual mode
+            os.fchmod(fd, 0o666 & ~read_umask())  # mkstemp makes the file private; a checkpoint has the usual mode
             while data:
                 data = data[os.write(fd, data[: 1 << 26]) :]
             os.fsync(fd)

@@ -21,6 +21,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+@functools.cache
+def residual_without_throughput() -> str:
+    """configs/residual.yaml without the Throughput callback, as a file named residual.yaml (runs keep the name):
+    its rates are wall-clock times, never the same in two runs, so runs compared tag by tag leave it out."""
+    import tempfile
+
+    text = (REPO / "configs" / "residual.yaml").read_text()
+    text = "".join(line for line in text.splitlines(True) if "gpt_lit.callbacks.Throughput" not in line)
+    path = Path(tempfile.mkdtemp(prefix="gpt_lit_configs_")) / "residual.yaml"
+    path.write_text(text)
+    return str(path)
+
 # A model small enough to train for a few steps in seconds, same code paths as the chapter's configs.
 TINY = [
     "--model.config.emb_dim", "32",

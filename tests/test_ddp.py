@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, scalars
+from conftest import REPO, residual_without_throughput, scalars
 
 from gpt_lit.cli import main
 
 RUN = [
-    "--config", str(REPO / "configs/residual.yaml"),
+    "--config", residual_without_throughput(),
     "--model.config.emb_dim", "32", "--model.config.n_layers", "2", "--model.config.n_heads", "2",
     "--data.context_length", "32", "--data.stride", "128", "--data.batch_size", "4",
     "--trainer.limit_train_batches", "2",

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import TINY, residual_without_throughput
 from lightning.pytorch.callbacks import Callback
 from test_fault_matrix import logged, one_thread
 
 from gpt_lit.cli import main
 
 RUN = [
-    "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.eval_batch_size", "8",
+    "--config", residual_without_throughput(), *TINY, "--data.eval_batch_size", "8",
     "--data.eval_train", "false", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4",
     "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
     "--trainer.enable_model_summary", "false",

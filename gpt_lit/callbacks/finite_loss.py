@@ -29,6 +29,9 @@ class FiniteLoss(Callback):
             return
         rank = int(bad[0])
         where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""
+        wait = getattr(trainer.strategy.checkpoint_io, "wait", None)  # saves still being written in the background
+        if wait is not None:  # (BackgroundCheckpointIO): the message names the files as they will stay
+            wait()
         last = next((cb.saved_path for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
         ckpt = trainer.checkpoint_callback  # without LastCheckpoint: a ModelCheckpoint's files
         last = last or (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "") if ckpt else "")
