@@ -10,9 +10,9 @@ import os
 
 import pytest
 import torch
+from test_cli import run_main
 
 from gpt_lit.checkpoint_reading import read_checkpoint
-from gpt_lit.cli import main
 from gpt_lit.export import export_model
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.pretrained import load_pretrained
@@ -102,16 +102,6 @@ def test_the_folder_has_the_tokenizer_files_of_gpt2(exported):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer(TEXT).input_ids == get_tokenizer().encode(TEXT)
     assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 50256
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_export_of_a_fit_without_a_config(tiny_run, capsys, monkeypatch, tmp_path):

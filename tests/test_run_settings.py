@@ -4,18 +4,7 @@ import re
 import warnings
 
 import pytest
-
-from gpt_lit.cli import main
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from test_cli import run_main
 
 
 def test_test_after_a_fit_with_overrides_needs_no_config(tiny_run, capsys, monkeypatch):
