@@ -22,6 +22,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_session(cwd: Path, pythonpath: list[Path], timeout: float) -> None:
+    """Run ``cwd/session.py`` in a process group of its own (Lightning starts process 1 from it, in the same group),
+    with no distributed variables inherited; kill the whole group if it hangs or fails, and assert it succeeded."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
+    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    session = subprocess.Popen([sys.executable, "session.py"], cwd=cwd, env=env, start_new_session=True)
+    try:
+        session.wait(timeout=timeout)
+    finally:
+        if session.poll() is None or session.returncode != 0:
+            os.killpg(session.pid, signal.SIGKILL)  # both processes: process 1 is in the same session
+    assert session.returncode == 0
+
+
 @functools.cache
 def residual_without_throughput() -> str:
     """configs/residual.yaml without the Throughput callback, as a file named residual.yaml (runs keep the name):

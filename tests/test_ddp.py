@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, residual_without_throughput, scalars
+from conftest import REPO, residual_without_throughput, run_session, scalars
 
 from gpt_lit.cli import main
 
@@ -152,16 +152,7 @@ def ddp(tmp_path_factory) -> TwoProcesses:
     (cwd / "poison.py").write_text(POISON)
     (cwd / "session.py").write_text(SESSION)
     (cwd / "steps.json").write_text(json.dumps(STEPS))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO)])}
-    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    session = subprocess.Popen([sys.executable, "session.py"], cwd=cwd, env=env, start_new_session=True)
-    try:
-        session.wait(timeout=400)
-    finally:
-        if session.poll() is None or session.returncode != 0:
-            os.killpg(session.pid, signal.SIGKILL)  # both processes: process 1 is in the same session
-    assert session.returncode == 0
+    run_session(cwd, [cwd, REPO], timeout=400)
     ran = TwoProcesses(cwd)
     _, _, err = ran.step("fit")
     assert "GLOBAL_RANK: 1" in err and "distributed_backend=gloo" in err, err[-3000:]

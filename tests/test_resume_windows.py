@@ -9,16 +9,12 @@ case resumes from it. A callback records, per process, which windows each traini
 """
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import REPO, TINY, run_session
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_lit.cli import main
@@ -188,16 +184,7 @@ def two_processes(uninterrupted, tmp_path_factory) -> Path:
     ]
     (cwd / "steps.json").write_text(json.dumps(steps))
     (cwd / "session.py").write_text(SESSION)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO)])}
-    for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    session = subprocess.Popen([sys.executable, "session.py"], cwd=cwd, env=env, start_new_session=True)
-    try:
-        session.wait(timeout=300)
-    finally:
-        if session.poll() is None or session.returncode != 0:
-            os.killpg(session.pid, signal.SIGKILL)  # both processes: process 1 is in the same session
-    assert session.returncode == 0
+    run_session(cwd, [Path(__file__).parent, REPO], timeout=300)
     return cwd
 
 
