@@ -340,8 +340,10 @@ class TimeMachineData(L.LightningDataModule):
         # Checkpoints of earlier gpt_lit versions counted batches: taken as batches of the same size and processes.
         done = state["windows_done"] if "windows_done" in state else state["batches_done"] * per_step
         progress = self.trainer.fit_loop.epoch_loop.batch_progress
-        left = 0 if progress.is_last_batch else steps_left(windows, done, per_step)
-        batches_done = windows // per_step - left
+        if progress.is_last_batch:  # the epoch had ended (also where limit_train_batches ends it): counted as saved
+            batches_done = progress.current.processed
+        else:
+            batches_done = windows // per_step - steps_left(windows, done, per_step)
         # Lightning's batch progress has no public setter; its public counters are moved. Checked with 2.6.6.
         shift = batches_done - progress.current.processed
         for counter in (progress.current, progress.total):

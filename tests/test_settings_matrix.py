@@ -207,10 +207,6 @@ def folder(tmp_path_factory, request) -> Path:
 
 @pytest.mark.parametrize(("setting", "logger", "stop"), CASES, ids=IDS)
 def test_resumed_equals_uninterrupted_and_last_is_the_final_state(setting, logger, stop, folder, capsys):
-    if (setting, stop) == ("max_steps_mid_epoch", "ctrl_c_validation"):
-        # Known defect, open: Ctrl-C during epoch 0's validation under max_epochs -1 / max_steps saves last.ckpt at
-        # step 4, and the resumed fit validates again at step 4 (loss/val at [3, 4], the uninterrupted run [3]).
-        pytest.xfail("a resume after Ctrl-C in a validation under max_steps validates that epoch again")
     ran = run_case(setting, logger, stop, folder, capsys)
     if ran.resumed:
         assert sorted(ran.resumed) == sorted(ran.reference)

@@ -54,6 +54,7 @@ class LastCheckpoint(Checkpoint):
         self._stopping = False
         self._saving = False
         self._others_saved_at = -1  # global step of another callback's latest save
+        self._stepped_at_resume = 0  # Lightning's count of batches that stepped, as a resumed checkpoint had it
         self._handlers: dict[int, Any] = {}
         self._csv_rows: dict[int, list[dict[str, str]]] = {}  # a resumed run's CSV loggers' earlier rows
 
@@ -214,6 +215,10 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end.
+        if trainer.fit_loop.restarted_on_epoch_end:  # the end of the epoch the resumed checkpoint was saved at, again
+            # No batch ran since the resume: the loggers' step as it was (see on_train_start; private, as there).
+            trainer.fit_loop.epoch_loop._batches_that_stepped = self._stepped_at_resume
+            return  # saved already
         if self._stopping or not self._epoch_ran_out(trainer):
             return  # an epoch cut short: saved after its last step, from which Lightning resumes it exactly
         self.save(trainer)
@@ -264,6 +269,16 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._take_sigterm()
+        loop = trainer.fit_loop
+        if loop.restarted_on_epoch_end:
+            # Resumed under max_steps from a state saved at an epoch's end: Lightning (2.6.6) runs that epoch's end
+            # again, without a batch, and counts the epoch as processed twice, so every later epoch would take the
+            # next epoch's order of batches (the sampler's epoch is that count). Counted once, as in the run that
+            # saved it. The count of batches that stepped (the loggers' step) is put back after that end
+            # (on_train_epoch_end): Lightning adds one for the validation it skips there.
+            for counter in (loop.epoch_progress.current, loop.epoch_progress.total):
+                counter.processed -= 1
+            self._stepped_at_resume = loop.epoch_loop._batches_that_stepped  # private: no public reader or setter
         # Resumed from a checkpoint at step S: TensorBoard hides events with step >= S from the run's older event
         # files when it reads a SessionLog START at step S (what SummaryWriter(purge_step=S) writes). The old run's
         # values for the steps before S stay; those it logged after that checkpoint (if it stopped later) are
