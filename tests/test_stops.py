@@ -5,6 +5,7 @@ second epoch leaves ``last.ckpt`` at the first epoch's end, which the printed co
 test_fault_matrix.py.)
 """
 
+import json
 import math
 import os
 import signal
@@ -75,3 +76,28 @@ def test_a_run_without_validation_stopped_in_its_second_epoch_resumes_from_the_f
     # epoch 0's 3 steps and its end hooks: the printed command resumes at epoch 1's first step (Lightning's resume
     # from such a state: test_fault_matrix.py)
     assert ckpt["global_step"] == 3 and ckpt["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] == 1
+
+
+class SavedAt(Callback):
+    """The global step of every checkpoint the run writes (``on_save_checkpoint`` runs for each)."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.steps.append(trainer.global_step)
+
+
+def test_early_stopping_before_min_epochs_trains_on_and_saves_at_the_epochs_ends_only(tmp_path):
+    # EarlyStopping asks to stop at the first validation (any loss/val is under its threshold); min_epochs 3 makes
+    # Lightning go on to the third epoch's end. Nothing ends mid-epoch, so every checkpoint (last.ckpt and the best
+    # epoch's) is written at an epoch's end: steps 3, 6, 9 (3 batches an epoch), never after each step.
+    stopper = {"class_path": "EarlyStopping", "init_args": {"monitor": "loss/val", "stopping_threshold": 100.0}}
+    saved = SavedAt()
+    fit = main(["fit", *RUN, "--trainer.limit_val_batches", "1", "--trainer.min_epochs", "3",
+                "--trainer.logger.init_args.save_dir", str(tmp_path), f"--trainer.callbacks+={json.dumps(stopper)}"],
+               extra_callbacks=[saved])  # fmt: skip
+    assert fit.trainer.global_step == 9 and fit.trainer.should_stop  # asked to stop, trained the 3 epochs
+    assert saved.steps and set(saved.steps) <= {3, 6, 9}, saved.steps
+    last = torch.load(tmp_path / "residual" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 9

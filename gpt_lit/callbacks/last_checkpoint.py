@@ -190,14 +190,21 @@ class LastCheckpoint(Checkpoint):
         the epoch goes on (its end saves ``last.ckpt`` after the epoch's evaluation). ``max_steps`` reached
         mid-epoch ends fit here: this state is the run's last exact one (Lightning resumes it mid-epoch; the
         end-of-epoch hooks that follow run for an epoch cut short, from which a resume would start the next epoch).
-        ``EarlyStopping`` or ``Timer`` asking to stop make Lightning validate once more and end the epoch: the state
-        before that validation is the last exact one; a resume goes on training from it."""
+        ``EarlyStopping`` or ``Timer`` asking to stop (once ``min_epochs`` is met) make Lightning validate once more
+        and end the epoch: the state before that validation is the last exact one; a resume goes on training from it."""
         loop = trainer.fit_loop.epoch_loop
         if self._epoch_ran_out(trainer):
             return False  # the epoch's evaluation and end come next
         if loop.batch_progress.current.ready % trainer.accumulate_grad_batches:
             return False  # gradients accumulated, not yet stepped
-        return trainer.should_stop or not self._validates_next(trainer)
+        return self._stop_honoured(trainer) or not self._validates_next(trainer)
+
+    @staticmethod
+    def _stop_honoured(trainer: L.Trainer) -> bool:
+        """Whether a callback's request to stop (``trainer.should_stop``: EarlyStopping, Timer) ends fit in this
+        epoch: Lightning's epoch loop says it is done. Before ``min_epochs`` or ``min_steps`` it goes on training (the
+        request stays set), and the schedule of saves and validations is the usual one."""
+        return trainer.should_stop and trainer.fit_loop.epoch_loop.done
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if not self._saving:
@@ -207,7 +214,7 @@ class LastCheckpoint(Checkpoint):
         if self._stopping or not self._exact_after_step(trainer):
             return
         stop = self._agreed(trainer)
-        ends = 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop  # fit ends in this epoch
+        ends = 0 <= trainer.max_steps <= trainer.global_step or self._stop_honoured(trainer)  # fit ends in this epoch
         if stop or ends or self._others_saved_at == trainer.global_step:
             self.save(trainer)
         if stop:
@@ -232,7 +239,7 @@ class LastCheckpoint(Checkpoint):
         # asked to stop at the step before (Timer): that step's state, saved then, is the exact one.
         if trainer.sanity_checking or self._stopping or self._epoch_ran_out(trainer):
             return
-        ends = 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop
+        ends = 0 <= trainer.max_steps <= trainer.global_step or self._stop_honoured(trainer)
         if ends and self.saved_step != trainer.global_step:
             self.save(trainer)
 
