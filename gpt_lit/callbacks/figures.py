@@ -64,7 +64,7 @@ def grad_norm_figure(norms: list[float], step: int, into: ReusedFigure | None = 
     ax.set_ylim(0, 1.2 * max(max(norms), 1e-12))  # headroom: the step's label, top left, stays clear of the points
     ax.set_xlabel("block")
     ax.set_ylabel("gradient norm (L2) of ffn.fc.weight")
-    ax.set_title("Gradient norm of each block at the latest logged training step", **TITLE)  # the same each epoch
+    ax.set_title("Gradient norm of each block at the latest training step", **TITLE)  # the same each epoch
     ax.text(0.02, 0.96, f"training step {step}", transform=ax.transAxes, va="top", bbox={"fc": "white", "ec": "none"})
     ax.grid(alpha=0.3)
     return fig
@@ -328,7 +328,7 @@ class ChapterFigures(AfterValidation):
 
         ``figures/losses``: whole-set training and validation loss at each validation (that validation's own
         results) and the unigram floor (dotted), coloured and labelled like the chapter's figure.
-        ``figures/grad_norm_by_block``: the gradient norm of each block against its depth, at the latest logged
+        ``figures/grad_norm_by_block``: the gradient norm of each block against its depth, at the latest training
         step (needs ``BlockGradNorms``). ``figures/similarity_by_block``: the similarity between positions against
         depth, one line per validation so far (needs ``PositionSimilarity``, listed before this callback). Drawn
         with matplotlib's Agg canvas on the main process only; the losses seen so far are kept in checkpoints, so a
