@@ -285,7 +285,7 @@ class LastCheckpoint(Checkpoint):
             # (on_train_epoch_end): Lightning adds one for the validation it skips there.
             for counter in (loop.epoch_progress.current, loop.epoch_progress.total):
                 counter.processed -= 1
-            self._stepped_at_resume = loop.epoch_loop._batches_that_stepped  # private: no public reader or setter
+            self._stepped_at_resume = loop.epoch_loop._batches_that_stepped  # private: no public one in 2.6.6
         # Resumed from a checkpoint at step S: TensorBoard hides events with step >= S from the run's older event
         # files when it reads a SessionLog START at step S (what SummaryWriter(purge_step=S) writes). The old run's
         # values for the steps before S stay; those it logged after that checkpoint (if it stopped later) are
