@@ -12,7 +12,8 @@ import torch
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.block_pass import SHARED_PASS, BlockRecord
-from gpt_lit.callbacks.tensorboard_log import is_fresh_start, shards_parameters
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start
+from gpt_lit.distributed import shards_parameters
 from gpt_lit.model import GPT
 
 
