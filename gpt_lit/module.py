@@ -166,8 +166,9 @@ class GPTLightning(L.LightningModule):
         """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""
         if not self.hparams.fused_loss or self.hparams.compile:
             return False
-        trainer = self._trainer
-        if trainer is None:
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer (the module on its own): one process, full precision
             return True
         # It reads head.weight outside forward (a shard under FSDP), and under fp16 it would keep the softmax's
         # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
