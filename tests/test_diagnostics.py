@@ -354,6 +354,26 @@ def test_event_records_checksummed_in_c_are_what_tensorboards_reader_checks(tmp_
     assert records == 3  # the file's version record, the image, the scalar
 
 
+def test_a_writer_closed_by_an_earlier_run_takes_the_next_runs_records(tmp_path):
+    """Lightning closes a TensorBoard writer when a run of its Trainer ends; the Trainer's next run (``validate``
+    then ``fit``) writes the runs table's rows into the file again, and nothing else."""
+    from types import SimpleNamespace
+
+    from gpt_lit.callbacks.runs_table import session_end_summary
+    from gpt_lit.callbacks.tensorboard_log import tensorboard_writers
+
+    logger = TensorBoardLogger(str(tmp_path), name="run")
+    trainer = SimpleNamespace(is_global_zero=True, sanity_checking=False, loggers=[logger])
+    logger.finalize("success")  # as at the end of `validate`
+    [writer] = tensorboard_writers(trainer)
+    writer.file_writer.add_summary(session_end_summary(api_pb2.STATUS_SUCCESS), 0)
+    writer.close()
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    assert events.Tags()["scalars"] == []
+    assert list(events.PluginTagToContent(hp_metadata.PLUGIN_NAME)) == [hp_metadata.SESSION_END_INFO_TAG]
+
+
 @pytest.mark.parametrize("norms", [[0.26, 0.15, 0.12, 0.115], [0.01, 0.05, 0.3, 0.9], [0.4, 0.4, 0.4, 0.4]])
 def test_the_grad_norm_figures_step_label_covers_no_point(norms):
     """The label "training step N" sits in the axes' top left, where block 1's norm is when it is the largest."""
