@@ -364,6 +364,7 @@ def test_a_writer_closed_by_an_earlier_run_takes_the_next_runs_records(tmp_path)
 
     logger = TensorBoardLogger(str(tmp_path), name="run")
     trainer = SimpleNamespace(is_global_zero=True, sanity_checking=False, loggers=[logger])
+    assert logger.experiment.file_writer is not None  # the writer the first run wrote with
     logger.finalize("success")  # as at the end of `validate`
     [writer] = tensorboard_writers(trainer)
     writer.file_writer.add_summary(session_end_summary(api_pb2.STATUS_SUCCESS), 0)
