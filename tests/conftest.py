@@ -81,7 +81,7 @@ def session_environment() -> None:
     """The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
     And Lightning's loggers propagate, so tests can read what a run says (caplog): imported before pytest's log
     capture starts, Lightning makes them print instead."""
-    from gpt_lit.data import DATA_DIR_ENV  # imports Lightning
+    from gpt_lit.book_source import DATA_DIR_ENV  # imports Lightning
 
     os.environ.pop(DATA_DIR_ENV, None)
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -90,7 +90,7 @@ def session_environment() -> None:
 
 @pytest.fixture(scope="session")
 def book_path() -> Path:
-    from gpt_lit.data import SHIPPED_BOOK_DIR
+    from gpt_lit.book_source import SHIPPED_BOOK_DIR
 
     book = SHIPPED_BOOK_DIR / "pg35.txt"
     if not book.is_file():

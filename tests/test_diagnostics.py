@@ -23,6 +23,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
+from gpt_lit.book_source import default_data_dir, load_book
 from gpt_lit.callbacks import (
     BlockGradNorms,
     ChapterFigures,
@@ -33,7 +34,7 @@ from gpt_lit.callbacks import (
     mean_position_similarity,
 )
 from gpt_lit.callbacks.samples import LastPositionLogits, padded_prompts
-from gpt_lit.data import TimeMachineData, default_data_dir, load_book
+from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
