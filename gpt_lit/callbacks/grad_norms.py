@@ -25,8 +25,8 @@ class BlockGradNorms(Callback):
         ``GPTLightning`` uses the AdamW that lets Lightning unscale first). Only on logging steps
         (``trainer.log_every_n_steps``), so other steps pay nothing, at the step ``self.log`` gives the
         step's loss (``trainer.global_step``, the optimizer steps before this one); written to the loggers
-        directly, on the main process only: ``self.log`` took ~3 ms a step for its four values, 0.2% of a
-        10-epoch run. Under DDP every process holds the averaged gradients, so process 0's norms are
+        directly, on the main process only (``self.log``'s bookkeeping for four values a step costs more;
+        docs/performance.md). Under DDP every process holds the averaged gradients, so process 0's norms are
         everyone's; under a strategy that shards the parameters (FSDP) each process holds only a piece of
         each gradient, and the norms are not logged (said once). ``latest`` keeps the last step's norms for
         ``ChapterFigures``.
