@@ -221,8 +221,9 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
-def seconds(scope: str) -> float:
-    return SECONDS.get(scope, SECONDS_EACH.get(module_of(scope), 0))
+def seconds(item: pytest.Item, group: str | None) -> float:
+    """The seconds of the unit ``item`` goes out in: its group's, or its own."""
+    return SECONDS.get(group or item.nodeid, SECONDS_EACH.get(module_of(item.nodeid), 0))
 
 
 def unit(item: pytest.Item) -> str | None:
@@ -245,4 +246,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         units[id(item)] = group = unit(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: -seconds(units[id(item)] or item.nodeid))  # stable: the same seconds keep their order
+    items.sort(key=lambda item: -seconds(item, units[id(item)]))  # stable: the same seconds keep their order
