@@ -43,10 +43,9 @@ from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint, refusal
 from gpt_lit.checkpoint_thread import BackgroundCheckpointIO
 from gpt_lit.checkpointing import AtomicCheckpointIO
-from gpt_lit.config_names import shipped_configs, with_shipped_configs
-from gpt_lit.config_sources import where_from
 from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
 from gpt_lit.data import TimeMachineData
+from gpt_lit.error_source import where_from
 from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
@@ -61,6 +60,7 @@ from gpt_lit.runs import (
     runs_folder,
     with_run_config,
 )
+from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
 from gpt_lit.tokenizer import vocab_size
 
 # The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.

@@ -98,10 +98,14 @@ class Summary(RichModelSummary):
 
 
 def use_quiet_summary(trainer: Trainer) -> None:
-    """Replace Lightning's model summary (its default, or one in the config) by ``Summary``, at the same depth."""
-    for i, callback in enumerate(trainer.callbacks):
+    """Turn Lightning's model summary (its default, or one in the config) into ``Summary``.
+
+    As for the progress bar, only the class changes, to a subclass that adds nothing but ``summarize``: the
+    summary keeps its depth and settings. Like ``RichModelSummary``, it needs rich (installed with Lightning).
+    """
+    for callback in trainer.callbacks:
         if type(callback) in (ModelSummary, RichModelSummary):
-            trainer.callbacks[i] = Summary(max_depth=callback._max_depth, **callback._summarize_kwargs)
+            callback.__class__ = Summary
 
 
 class QuietRichProgressBar(RichProgressBar):

@@ -1,14 +1,14 @@
-"""The Time Machine as a LightningDataModule: find the book (shipped, or another copy), tokenize, cut into windows."""
+"""The Time Machine as a LightningDataModule: the book split into training and validation windows, their loaders
+(each epoch's seeded global order, a resumed epoch's position) and the prompts ``predict`` continues.
+
+The book itself comes from ``gpt_lit.book_source``, the windows from ``gpt_lit.windows``, their order from
+``gpt_lit.epoch_order``, the prompts from ``gpt_lit.prompts``.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
-import os
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 import warnings
 from pathlib import Path
 
@@ -18,147 +18,14 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
+from gpt_lit.book_source import BOOK_FILE, default_data_dir, ensure_book, load_book
+from gpt_lit.epoch_order import GlobalOrderSampler, check_same_order, order_settings, steps_left
 from gpt_lit.errors import GptLitError
+from gpt_lit.prompts import Prompts, read_prompts_file
 from gpt_lit.tokenizer import encode, get_tokenizer
-from gpt_lit.windows import GlobalOrderSampler, TokenWindows, check_same_order, order_settings, skipped_text, steps_left
+from gpt_lit.windows import TokenWindows, skipped_text
 
-__all__ = ["GlobalOrderSampler", "Prompts", "TimeMachineData", "TokenWindows", "load_book", "read_prompts_file"]
-
-BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
-BOOK_FILE = "pg35.txt"
-DATA_DIR_ENV = "GPT_LIT_DATA_DIR"
-# The copy every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends). It ships
-# with the package, Gutenberg's licence inside it, so nothing needs the network.
-BOOK_SHA256 = "7fb3a97247192d3ddbe13be43d0359d8395db73b884f395c4b5f15f6931acba2"
-SHIPPED_BOOK_DIR = Path(__file__).resolve().parent / "book"
-
-
-def default_data_dir() -> str:
-    """``$GPT_LIT_DATA_DIR`` when set, else the folder of the book that ships with gpt_lit."""
-    return os.environ.get(DATA_DIR_ENV) or str(SHIPPED_BOOK_DIR)
-
-
-def check_edition(path: Path, raw: bytes) -> bool:
-    """True if ``raw`` is the shipped edition; else print one ``warning:`` line (from process 0) and return False."""
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest == BOOK_SHA256:
-        return True
-    if rank_zero_only.rank == 0:
-        print(
-            f"warning: {path} is another copy of The Time Machine than the one the README's numbers come from "
-            f"(sha256 {digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses "
-            f"will differ; leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
-            file=sys.stderr,
-        )
-    return False
-
-
-def download_book(path: Path, url: str = BOOK_URL, timeout: float = 30.0) -> None:
-    """Fetch the book into ``path`` atomically: a temporary file in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            out.write(response.read())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def strip_gutenberg(raw: str, source: str = "the book") -> str:
-    """The text between the ``*** START OF`` and ``*** END OF`` lines, ``\\n`` line ends, blank lines trimmed."""
-    start, end = raw.find("*** START OF"), raw.find("*** END OF")
-    if start < 0 or end < 0 or end < start:
-        raise GptLitError(
-            f"{source} has no '*** START OF' / '*** END OF' lines: it is not Project Gutenberg's pg35.txt. "
-            f"Replace it with the file from {BOOK_URL}"
-        )
-    start = raw.find("\n", start) + 1  # the text begins on the line after the START line
-    text = raw[start:end].replace("\r\n", "\n").replace("\r", "\n").strip()
-    if not text:
-        raise GptLitError(f"{source} has no text between its START and END lines; replace it with {BOOK_URL}")
-    return text
-
-
-def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
-    """The path of ``pg35.txt`` in ``data_dir``, downloading it there first if it is missing."""
-    path = Path(data_dir) / BOOK_FILE
-    if not path.is_file():
-        reason = "downloading is switched off (data.download: false)"
-        if download:
-            try:
-                download_book(path, BOOK_URL)
-            except (OSError, urllib.error.URLError) as e:
-                reason = f"downloading {BOOK_URL} failed ({getattr(e, 'reason', e)})"
-        if not path.is_file():
-            raise GptLitError(
-                f"The Time Machine is not at {path} and {reason}. Download {BOOK_URL} and save it as {path}, "
-                f"or point data.data_dir (or ${DATA_DIR_ENV}) at the folder that holds {BOOK_FILE}."
-            )
-    return path
-
-
-def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
-    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story.
-
-    A copy that is not byte for byte the shipped one is used all the same, after a one-line warning.
-    """
-    path = ensure_book(data_dir, download)
-    try:
-        data = path.read_bytes()
-        raw = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GptLitError(f"{path} is not UTF-8 text (byte {e.start}); replace it with {BOOK_URL}") from None
-    except OSError as e:
-        raise GptLitError(f"cannot read {path}: {e.strerror}") from None
-    if not raw.strip():
-        raise GptLitError(f"{path} is empty; delete it to download the book again, or replace it with {BOOK_URL}")
-    text = strip_gutenberg(raw, source=str(path))
-    check_edition(path, data)
-    return text
-
-
-def read_prompts_file(path: str) -> list[str]:
-    """The prompts in a text file, one a line: UTF-8 (a byte-order mark is dropped), split on ``\n`` and ``\r\n``
-    only, blank lines skipped. Other characters that ``str.splitlines`` would split on (``\x0c``, ``\u2028``, ...)
-    stay inside their prompt."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise GptLitError(f"cannot read data.prompts_file {path}: {e}") from None
-    lines = (line.removesuffix("\r") for line in text.split("\n"))
-    return [line for line in lines if line.strip()]
-
-
-class Prompts(Dataset):
-    """Prompts for ``predict``: item i is (i, the prompt's token IDs); the model sees the last ``context_length``.
-
-    The index travels with the prompt, so that under several processes, each continuing its share of the
-    prompts, the continuations are put back in the prompts' order and each prompt samples with its own
-    generator (``GPTLightning.predict_step``).
-    """
-
-    def __init__(self, prompts: list[str], context_length: int):
-        self.texts, self.ids = [], []
-        for n, text in enumerate(prompts, 1):
-            if not text.strip():
-                raise GptLitError(f"prompt {n} is empty: give every prompt some text to continue")
-            ids = encode(text)  # as the book is: all of it ordinary text
-            if len(ids) > context_length:
-                warnings.warn(
-                    f"prompt {n} has {len(ids)} tokens, more than context_length={context_length}; "
-                    f"the model sees only its last {context_length} tokens",
-                    stacklevel=2,
-                )
-            self.texts.append(text)
-            self.ids.append(torch.tensor(ids))
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
-        return i, self.ids[i]
+__all__ = ["TimeMachineData"]
 
 
 class TimeMachineData(L.LightningDataModule):

@@ -7,20 +7,27 @@ from typing import Any
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 
 
-def shards_parameters(trainer: L.Trainer | None) -> bool:
+def shards_parameters(trainer: L.Trainer | None, skipping: str | None = None) -> bool:
     """Whether ``trainer``'s strategy splits the parameters across processes (FSDP, DeepSpeed ZeRO-3, ModelParallel).
 
     Under such a strategy a parameter read outside the model's ``forward`` (the fused head + loss reads
     ``head.weight``; the diagnostics read the blocks' weights and gradients) is this process's shard, or empty.
+    A diagnostic that runs the model on its own, and so is skipped there, names itself in ``skipping``: the skip
+    is then logged in one line.
     """
     if trainer is None:
         return False
     strategy = trainer.strategy
     if isinstance(strategy, DeepSpeedStrategy):
-        return bool(getattr(strategy, "zero_stage_3", False))
-    return isinstance(strategy, (FSDPStrategy, ModelParallelStrategy))
+        sharded = bool(getattr(strategy, "zero_stage_3", False))
+    else:
+        sharded = isinstance(strategy, (FSDPStrategy, ModelParallelStrategy))
+    if sharded and skipping:
+        rank_zero_info(f"{skipping}: skipped under {type(strategy).__name__}, which shards the parameters")
+    return sharded
 
 
 def gather_objects(trainer: L.Trainer, obj: Any) -> list[Any]:

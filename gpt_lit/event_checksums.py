@@ -1,10 +1,9 @@
 """TensorBoard's event files checksummed in C: the records' CRC32C from google-crc32c, not TensorBoard's Python loop.
 
 Every record TensorBoard's writer appends carries a masked CRC32C of its bytes. Without TensorFlow it computes
-it in pure Python (``tensorboard.compat.tensorflow_stub.pywrap_tensorflow.crc32c``): 12 ms for one 60 KB image,
-in the writer's thread, holding the GIL that the epoch-end diagnostics drawing the next figure need. An epoch's
-ten images took ~0.1 s of it, and the diagnostics' hooks ran ~20% longer while it did (4 epochs on a 2-core CPU,
-Lightning's profiler). google-crc32c's C code takes 0.014 ms. The bytes written are the same (tests check).
+it in pure Python (``tensorboard.compat.tensorflow_stub.pywrap_tensorflow.crc32c``), in the writer's thread,
+holding the GIL that the epoch-end diagnostics drawing the next figure need; google-crc32c computes it in C
+(docs/performance.md: the two compared). The bytes written are the same (tests check).
 """
 
 from __future__ import annotations
@@ -24,6 +23,5 @@ def use_c_checksums() -> None:
     """Make TensorBoard's writers, in this process, checksum their records with ``masked_crc32c``, where
     google-crc32c has its C implementation for this machine (its fallback is pure Python too)."""
     if google_crc32c.implementation == "c":
-        # TensorBoard's RecordWriter.write looks up ``masked_crc32c`` in its module's namespace at every record and
-        # offers no option to pass another (tensorboardX, by contrast, uses a C CRC32C package when installed).
+        # No public way (tensorboard 2.21 checked): RecordWriter.write takes masked_crc32c from its module, no option.
         record_writer.masked_crc32c = masked_crc32c

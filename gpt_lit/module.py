@@ -90,8 +90,8 @@ class GPTLightning(L.LightningModule):
                 Not used under fp16 precision (16-mixed, 16-true) or a strategy that shards the parameters
                 (FSDP): there the loss is ``F.cross_entropy(model(x), y)``.
             fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA): one pass over all the parameters per
-                step instead of one per operation; on CPU 21 ms instead of 99 ms a step for the chapter's
-                model, the same update. Under 16-mixed, and under bf16-mixed with gradient clipping, the
+                step instead of one per operation (docs/performance.md: the time it saves), the same
+                update. Under 16-mixed, and under bf16-mixed with gradient clipping, the
                 unfused AdamW is used (Lightning cannot unscale or clip before a fused step; said in the log).
             keep_cpu_memory: When running on CPU (Linux, glibc), keep freed memory in the process instead of
                 returning it to the OS every step (see ``keep_freed_memory``): removes most system time.
@@ -166,8 +166,9 @@ class GPTLightning(L.LightningModule):
         """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""
         if not self.hparams.fused_loss or self.hparams.compile:
             return False
-        trainer = self._trainer
-        if trainer is None:
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer (the module on its own): one process, full precision
             return True
         # It reads head.weight outside forward (a shard under FSDP), and under fp16 it would keep the softmax's
         # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.

@@ -30,7 +30,7 @@ forward, x3 with backward; all T positions counted, as in the PaLM paper), in tw
 Evaluation: 2 N + 4 n_layers T emb_dim per token. The peak is (n x n) @ (n x n) fp32 products (bf16 with
 --precision bf16-mixed).
 
-    python scripts/bench.py --quick                          # < 3 minutes on a 2-core CPU
+    python scripts/bench.py --quick                          # fewer steps (docs/performance.md: how long)
     python scripts/bench.py --quick --precision bf16-mixed   # every contender in bf16-mixed
     python scripts/bench.py                                  # more steps
     python scripts/bench.py --smoke                          # a tiny shape, seconds: checks the plumbing
@@ -198,7 +198,7 @@ class Interleaved(Callback):
         """Fastest step of each contender, the first (warm-up) step of each left out.
 
         Other load on the machine only ever slows a step, so the fastest one is the least disturbed (what
-        ``timeit`` advises); on this project's shared 2-core VM medians of a few steps moved by +-6%.
+        ``timeit`` advises); medians of a few steps move with the load (docs/performance.md).
         """
         return {name: min(ts[1:]) for name, ts in self.times.items()}
 
@@ -326,7 +326,7 @@ def run_shape(args: argparse.Namespace, shape: Shape, device: torch.device, out:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps: < 3 minutes on a 2-core CPU")
+    parser.add_argument("--quick", action="store_true", help="fewer steps (docs/performance.md: how long)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, a few seconds (tests the script)")
     parser.add_argument("--precision", choices=PRECISIONS, default="32-true", help="Lightning's precision, for all")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (slow start)")

@@ -1,6 +1,6 @@
 """Wall time of a whole ``fit`` run, against the run's FLOP count divided by the measured matmul peak.
 
-    python scripts/time_run.py configs/residual.yaml                           # fp32, 10 epochs: 5 to 14 min on 2 cores
+    python scripts/time_run.py configs/residual.yaml                           # fp32, 10 epochs (docs/performance.md)
     python scripts/time_run.py configs/residual.yaml --trainer.precision bf16-mixed
     python scripts/time_run.py configs/residual.yaml --trainer.max_epochs 1    # any other fit option
 

@@ -81,7 +81,7 @@ def session_environment() -> None:
     """The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
     And Lightning's loggers propagate, so tests can read what a run says (caplog): imported before pytest's log
     capture starts, Lightning makes them print instead."""
-    from gpt_lit.data import DATA_DIR_ENV  # imports Lightning
+    from gpt_lit.book_source import DATA_DIR_ENV  # imports Lightning
 
     os.environ.pop(DATA_DIR_ENV, None)
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -90,7 +90,7 @@ def session_environment() -> None:
 
 @pytest.fixture(scope="session")
 def book_path() -> Path:
-    from gpt_lit.data import SHIPPED_BOOK_DIR
+    from gpt_lit.book_source import SHIPPED_BOOK_DIR
 
     book = SHIPPED_BOOK_DIR / "pg35.txt"
     if not book.is_file():
@@ -192,7 +192,8 @@ def load_script(name: str):
 # test_robustness), the chapter's experiments and untrained GPT-2 (the caches above), and each module's
 # module-scoped runs, and the fault matrix's 5 cases (with GPT_LIT_FAULT_MATRIX=full, as CI runs it, its 25 cases
 # go out one by one, and its uninterrupted run is made once on each worker). Every other test is a unit of its
-# own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together.
+# own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together:
+# pytest_collection_modifyitems below marks the groups and orders the units.
 GROUPS = {
     **dict.fromkeys(["test_answers", "test_cli", "test_export", "test_robustness", "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
@@ -220,26 +221,29 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
-def seconds(scope: str) -> float:
-    return SECONDS.get(scope, SECONDS_EACH.get(module_of(scope), 0))
+def seconds(item: pytest.Item, group: str | None) -> float:
+    """The seconds of the unit ``item`` goes out in: its group's, or its own."""
+    return SECONDS.get(group or item.nodeid, SECONDS_EACH.get(module_of(item.nodeid), 0))
 
 
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+def unit(item: pytest.Item) -> str | None:
+    """The group ``item`` shares a worker with (None: a unit of its own)."""
+    if module_of(item.nodeid) == "test_settings_matrix" and hasattr(item, "callspec"):
+        return f"test_settings_matrix:{item.callspec.id}"  # a case's two tests read its one set of runs
+    return GROUPS.get(module_of(item.nodeid))
 
-    # Built on LoadScopeScheduling's private _split_scope, _assign_work_unit and workqueue (checked against
-    # pytest-xdist 3.5.0 and 3.8.0): xdist has no public way to group tests by something other than their file.
-    class SharedRuns(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if module_of(nodeid) == "test_settings_matrix":  # a case's two tests read its one set of runs
-                return nodeid.split("::", 1)[0] + "::[" + nodeid.split("[", 1)[-1]
-            return GROUPS.get(module_of(nodeid), nodeid)
 
-        def _assign_work_unit(self, node) -> None:
-            heaviest = max(self.workqueue, key=seconds)  # the first of equals
-            self.workqueue.move_to_end(heaviest, last=False)
-            super()._assign_work_unit(node)
-
-    return SharedRuns(config, log)
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which adds each xdist_group mark's name to the test's id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker (whose collection the scheduler reads), mark each test of a group ``xdist_group`` (with
+    ``--dist loadgroup`` xdist sends a group to one worker) and put the heaviest units first: with
+    ``--no-loadscope-reorder`` (pyproject.toml's addopts) xdist hands out the units in the order of their first
+    tests in the collection."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    units = {}
+    for item in items:
+        units[id(item)] = group = unit(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: -seconds(item, units[id(item)]))  # stable: the same seconds keep their order

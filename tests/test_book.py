@@ -2,7 +2,8 @@
 
 import hashlib
 
-from gpt_lit.data import SHIPPED_BOOK_DIR, TimeMachineData, load_book
+from gpt_lit.book_source import SHIPPED_BOOK_DIR, load_book
+from gpt_lit.data import TimeMachineData
 
 # Project Gutenberg's pg35.txt, 2021 edition, as served then: 204,452 bytes, CRLF line ends.
 README_BOOK_SHA256 = "7fb3a97247192d3ddbe13be43d0359d8395db73b884f395c4b5f15f6931acba2"

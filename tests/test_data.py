@@ -9,12 +9,14 @@ import torch
 import yaml
 from conftest import REPO, windows_by_hand
 
-from gpt_lit import data as data_mod
+from gpt_lit import book_source
+from gpt_lit.book_source import load_book
 from gpt_lit.cli import main
-from gpt_lit.data import TimeMachineData, TokenWindows, load_book
+from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
+from gpt_lit.windows import TokenWindows
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_env_var_is_the_default_and_yaml_wins(monkeypatch, tmp_path):
     assert TimeMachineData().data_dir == str(tmp_path / "env")
     assert TimeMachineData(data_dir="elsewhere").data_dir == "elsewhere"
     monkeypatch.delenv("GPT_LIT_DATA_DIR")
-    assert TimeMachineData().data_dir == str(data_mod.SHIPPED_BOOK_DIR)
+    assert TimeMachineData().data_dir == str(book_source.SHIPPED_BOOK_DIR)
 
 
 def test_missing_book_is_downloaded_atomically(tmp_path, book_path, monkeypatch):
@@ -119,7 +121,7 @@ def test_missing_book_is_downloaded_atomically(tmp_path, book_path, monkeypatch)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/pg35.txt"
-        monkeypatch.setattr(data_mod, "BOOK_URL", url)
+        monkeypatch.setattr(book_source, "BOOK_URL", url)
         target = tmp_path / "data"
         assert len(load_book(target)) == 179_692
         assert (target / "pg35.txt").read_bytes() == book_path.read_bytes()
@@ -129,7 +131,7 @@ def test_missing_book_is_downloaded_atomically(tmp_path, book_path, monkeypatch)
 
 
 def test_no_file_and_no_network_says_where_to_put_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(data_mod, "BOOK_URL", "http://127.0.0.1:9/pg35.txt")  # nothing listens there
+    monkeypatch.setattr(book_source, "BOOK_URL", "http://127.0.0.1:9/pg35.txt")  # nothing listens there
     with pytest.raises(GptLitError, match=r"not at .*pg35\.txt.*GPT_LIT_DATA_DIR"):
         load_book(tmp_path)
     assert list(tmp_path.iterdir()) == []

@@ -23,6 +23,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
+from gpt_lit.book_source import default_data_dir, load_book
 from gpt_lit.callbacks import (
     BlockGradNorms,
     ChapterFigures,
@@ -33,7 +34,7 @@ from gpt_lit.callbacks import (
     mean_position_similarity,
 )
 from gpt_lit.callbacks.samples import LastPositionLogits, padded_prompts
-from gpt_lit.data import TimeMachineData, default_data_dir, load_book
+from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
@@ -352,6 +353,27 @@ def test_event_records_checksummed_in_c_are_what_tensorboards_reader_checks(tmp_
             reader.GetNext()
             records += 1
     assert records == 3  # the file's version record, the image, the scalar
+
+
+def test_a_writer_closed_by_an_earlier_run_takes_the_next_runs_records(tmp_path):
+    """Lightning closes a TensorBoard writer when a run of its Trainer ends; the Trainer's next run (``validate``
+    then ``fit``) writes the runs table's rows into the file again, and nothing else."""
+    from types import SimpleNamespace
+
+    from gpt_lit.callbacks.runs_table import session_end_summary
+    from gpt_lit.callbacks.tensorboard_log import tensorboard_writers
+
+    logger = TensorBoardLogger(str(tmp_path), name="run")
+    trainer = SimpleNamespace(is_global_zero=True, sanity_checking=False, loggers=[logger])
+    assert logger.experiment.file_writer is not None  # the writer the first run wrote with
+    logger.finalize("success")  # as at the end of `validate`
+    [writer] = tensorboard_writers(trainer)
+    writer.file_writer.add_summary(session_end_summary(api_pb2.STATUS_SUCCESS), 0)
+    writer.close()
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    assert events.Tags()["scalars"] == []
+    assert list(events.PluginTagToContent(hp_metadata.PLUGIN_NAME)) == [hp_metadata.SESSION_END_INFO_TAG]
 
 
 @pytest.mark.parametrize("norms", [[0.26, 0.15, 0.12, 0.115], [0.01, 0.05, 0.3, 0.9], [0.4, 0.4, 0.4, 0.4]])

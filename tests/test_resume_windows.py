@@ -17,8 +17,8 @@ import torch
 from conftest import REPO, TINY, run_session
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from gpt_lit.book_source import SHIPPED_BOOK_DIR, load_book
 from gpt_lit.cli import main
-from gpt_lit.data import SHIPPED_BOOK_DIR, load_book
 
 WINDOWS = 44  # training windows of the short book (checked by the fixture)
 

@@ -90,21 +90,20 @@ def run(tmp_path_factory):
         loads.append((Path(getattr(f, "name", f)).name, kwargs.get("weights_only")))  # a path, or an open file
         return torch_load(f, *args, **kwargs)
 
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        _, status = run_main(["fit", *RUN, READER_CKPT, "--trainer.max_epochs", "2"], extra_callbacks=[SigtermAt(2)])
-        assert status == 143
-        folder = cwd / "lightning_logs" / "residual" / "version_0"
-        ckpt = folder / "checkpoints" / "last.ckpt"
-        torch.load = recorded_load
-        resumed, status = run_main(["fit", "--config", str(folder / "config.yaml"), "--ckpt_path", str(ckpt)])
-        assert status == 0
-    finally:
-        torch.load = torch_load
-        os.chdir(old)
-        logger.removeHandler(records)
-        logger.setLevel(level)
+    with pytest.MonkeyPatch.context() as patch:  # puts back the working folder and torch.load
+        patch.chdir(cwd)
+        try:
+            fit = ["fit", *RUN, READER_CKPT, "--trainer.max_epochs", "2"]
+            _, status = run_main(fit, extra_callbacks=[SigtermAt(2)])
+            assert status == 143
+            folder = cwd / "lightning_logs" / "residual" / "version_0"
+            ckpt = folder / "checkpoints" / "last.ckpt"
+            patch.setattr(torch, "load", recorded_load)
+            resumed, status = run_main(["fit", "--config", str(folder / "config.yaml"), "--ckpt_path", str(ckpt)])
+            assert status == 0
+        finally:
+            logger.removeHandler(records)
+            logger.setLevel(level)
     return folder, resumed.trainer, records.messages, loads
 
 

@@ -12,7 +12,7 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
 from gpt_lit import experiments as ex
 from gpt_lit.callbacks.similarity import mean_position_similarity
-from gpt_lit.callbacks.tensorboard_log import shards_parameters
+from gpt_lit.distributed import shards_parameters
 
 
 def experiment(residual: bool) -> ex.ResidualExperiment:

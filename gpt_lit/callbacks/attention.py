@@ -90,8 +90,8 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
     """One block's heads side by side: (n_heads, T, T) weights, queries down, keys across, the tokens as labels.
 
     One image of all heads (white: the masked future) and plain text labels, no tick objects or constrained
-    layout: a hundred tick labels would cost ~1 s of CPU a figure, this ~0.3 s (``AttentionFigure`` redraws it
-    for each block and epoch for ~0.05 s).
+    layout: a hundred tick objects would cost most of a figure's drawing time (docs/performance.md), and
+    ``AttentionFigure`` redraws it for each block and epoch from saved pixels.
     """
     n_heads, T = weights.shape[0], weights.shape[-1]
     gap = 2  # blank columns between heads
@@ -123,10 +123,10 @@ class AttentionFigure:
     pixels: the rest of the figure (labels, layout, colour bar: the same for every block and epoch), the block's
     title (drawn once per block), the epoch's "after epoch k" (drawn once per epoch) and the weights, painted with
     numpy: each token's cell ``cell`` x ``cell`` pixels of its colour from the image's own colour map and scale
-    (white where the mask hides the future), the nearest-neighbour picture Agg would resample at 34 ms an image
-    (this: ~2 ms). Where the title and the epoch's text would share columns (a narrow figure), both are drawn
-    for each image (matplotlib's blitting: ``restore_region``, ``draw_artist``). The pixels equal a full draw's
-    (tests check)."""
+    (white where the mask hides the future), the nearest-neighbour picture Agg would resample, at a fraction of
+    its cost (docs/performance.md). Where the title and the epoch's text would share columns (a narrow figure),
+    both are drawn for each image (matplotlib's blitting: ``restore_region``, ``draw_artist``). The pixels equal a
+    full draw's (tests check)."""
 
     def __init__(self, weights: torch.Tensor, labels: list[str]):
         self.fig = attention_figure(weights, labels, block=1, epoch=0)

@@ -63,8 +63,8 @@ def record_blocks(model: GPT, idx: torch.Tensor) -> BlockRecord:
 class SharedPass:
     """The last ``record_blocks`` of one moment (a model, at a step of an epoch), handed to every probe of that
     moment that asks for the same windows or fewer: the similarity, attention, stream and lens probes of an
-    epoch's end all read the first windows of the validation set, and one pass serves them all (each pass of
-    4 windows is ~30 ms on a 2-core CPU). ``clear`` drops it (the probes clear it when training resumes).
+    epoch's end all read the first windows of the validation set, and one pass serves them all. ``clear`` drops it
+    (the probes clear it when training resumes).
 
     The model is held by a weak reference, not by ``id``: a model made after the recorded one was freed may get
     its ``id``, and would be handed the other model's record."""

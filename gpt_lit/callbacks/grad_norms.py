@@ -6,7 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.callbacks.tensorboard_log import shards_parameters
+from gpt_lit.distributed import shards_parameters
 
 
 class BlockGradNorms(Callback):

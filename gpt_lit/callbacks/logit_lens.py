@@ -66,8 +66,8 @@ class LogitLens(ValidationProbe):
         of its ``loss/val``, to every logger, on the main process, in eval mode without gradients. The image
         ``figures/lens_by_block`` (to every TensorBoard logger) draws the loss against depth, one line per validation,
         with the unigram floor dotted. Each depth costs one pass of the output head (vocab_size x emb_dim) over the
-        batch: with the default 2 windows ~0.55% of the residual config's run time on a 2-core CPU, each window more
-        ~0.2%. Skipped, with one logged line, under strategies that shard the parameters.
+        batch (its share of a run's time: docs/performance.md). Skipped, with one logged line, under strategies that
+        shard the parameters.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).

@@ -12,7 +12,8 @@ import torch
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.block_pass import SHARED_PASS, BlockRecord
-from gpt_lit.callbacks.tensorboard_log import is_fresh_start, shards_parameters
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start
+from gpt_lit.distributed import shards_parameters
 from gpt_lit.model import GPT
 
 
@@ -20,9 +21,9 @@ class ThreadChoice:
     """How many of torch's threads the diagnostics' passes use: all of training's, if training's own threads had
     their cores, else one.
 
-    The passes are small (a few windows, or one token at a time). With the CPU to itself, a run's two threads
-    made them 1.5-1.7x faster than one (2-core VM); with another program busy on a core, the same two threads
-    waited for each other and made them 1.3-2.5x slower than one. Whether the cores were free shows in the run
+    The passes are small (a few windows, or one token at a time). With the CPU to itself, a run's threads make
+    them faster than one; with another program busy on a core, the same threads wait for each other and make
+    them slower than one (docs/performance.md). Whether the cores were free shows in the run
     itself: the CPU time this process got per second of wall time since the last choice (the epoch's training
     and evaluation), against its ``threads``. The first choice, with nothing measured yet, is one thread; a choice
     holds for ``interval`` seconds, so the diagnostics of one epoch's end share it.

@@ -112,8 +112,8 @@ class RunsTable(AfterValidation):
             return
         settings = run_settings(trainer, pl_module)
         for writer in tensorboard_writers(trainer):
-            writer._get_file_writer().add_summary(experiment_summary(settings, self.first))
-            writer._get_file_writer().add_summary(session_start_summary(settings))
+            writer.file_writer.add_summary(experiment_summary(settings, self.first))
+            writer.file_writer.add_summary(session_start_summary(settings))
         for logger in trainer.loggers:
             if not isinstance(logger, TensorBoardLogger):
                 logger.log_hyperparams(settings)
@@ -127,7 +127,7 @@ class RunsTable(AfterValidation):
 
     def _end(self, trainer: L.Trainer, status: int) -> None:
         for writer in tensorboard_writers(trainer):
-            writer._get_file_writer().add_summary(session_end_summary(status))
+            writer.file_writer.add_summary(session_end_summary(status))
             writer.flush()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

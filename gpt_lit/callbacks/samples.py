@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.probe import diagnostic_threads
-from gpt_lit.callbacks.tensorboard_log import is_fresh_start, shards_parameters, tensorboard_writers
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start, tensorboard_writers
+from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, CausalSelfAttention, generate
 from gpt_lit.tokenizer import encode, get_tokenizer

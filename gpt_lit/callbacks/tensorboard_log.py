@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.tensorboard import SummaryWriter
 
-from gpt_lit import distributed
 from gpt_lit.event_checksums import use_c_checksums
 
 
@@ -30,23 +28,18 @@ def tensorboard_writers(trainer: L.Trainer) -> list[SummaryWriter]:
     """The ``SummaryWriter`` of every TensorBoardLogger the trainer has, on the main process (none elsewhere, or
     during the sanity check): images, text and figures go to each; the other loggers take none.
 
-    Their records are checksummed in C from here on (``use_c_checksums``): the images the diagnostics write would
-    otherwise be checksummed in pure Python, slowing the diagnostics that run meanwhile."""
+    Each writer's event file is open (its public ``file_writer``, to which summaries are added directly): Lightning
+    closes it when a run of the Trainer ends (``logger.finalize``), and a later run of the same Trainer opens it
+    again here, as torch's own ``add_*`` methods do. Their records are checksummed in C from here on
+    (``use_c_checksums``): the images the diagnostics write would otherwise be checksummed in pure Python, slowing
+    the diagnostics that run meanwhile."""
     if not trainer.is_global_zero or trainer.sanity_checking:
         return []
     writers = [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+    for writer in writers:
+        if writer.file_writer is None:  # closed by the end of an earlier run
+            writer.add_scalars("", {})  # opens the event file again (every add_* does), and adds nothing to it
     if writers:
         use_c_checksums()
     return writers
 
-
-def shards_parameters(trainer: L.Trainer, what: str) -> bool:
-    """True under a strategy that shards the parameters (FSDP, DeepSpeed, model parallel), after one logged line.
-
-    Such a model can only be run inside the strategy's own forward, so a diagnostic that runs the model on
-    its own (``what``) is skipped there.
-    """
-    sharded = distributed.shards_parameters(trainer)
-    if sharded:
-        rank_zero_info(f"{what}: skipped under {type(trainer.strategy).__name__}, which shards the parameters")
-    return sharded

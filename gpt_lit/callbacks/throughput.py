@@ -56,16 +56,21 @@ class Throughput(ThroughputMonitor):
         self.every_parameter = every_parameter
         self.peak: float | None = None  # FLOP/s of the measured matmul
 
+    @property
+    def available_flops(self) -> int | None:
+        """The peak MFU is taken against: the measured one, once ``setup`` measured it."""
+        return self.listed_flops if self.peak is None else int(self.peak)
+
+    @available_flops.setter
+    def available_flops(self, flops: int | None) -> None:
+        # ThroughputMonitor sets its public ``available_flops`` from Lightning's table of devices (none for CPUs) in
+        # ``setup`` and gives it to the counters it makes there: kept as ``listed_flops``, the measured peak is given.
+        self.listed_flops = flops
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
         if self.peak is None:
             self.peak = matmul_peak(trainer.strategy.root_device, matmul_dtype(str(trainer.precision)), reps=3)
-        self.available_flops = int(self.peak)
-        # ThroughputMonitor asks Lightning's table of GPUs for the peak (none for CPUs) and gives it to the Throughput
-        # objects it makes here; its `_throughputs` is the only way to give them the measured one instead (checked
-        # against Lightning 2.6.6).
-        for throughput in self._throughputs.values():
-            throughput.available_flops = self.available_flops
+        super().setup(trainer, pl_module, stage)
 
     def count(self, pl_module: L.LightningModule, batch: Any, training: bool) -> None:
         """Set ``flops_per_batch``, which ThroughputMonitor reads from the module after the batch."""

@@ -6,7 +6,8 @@ import lightning as L
 import torch
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
-from gpt_lit.callbacks.tensorboard_log import is_fresh_start, log_scalars, tensorboard_writers
+from gpt_lit.callbacks.custom_scalars import add_chart_layout
+from gpt_lit.callbacks.tensorboard_log import is_fresh_start, log_scalars
 
 
 def unigram_entropy(ids: torch.Tensor) -> float:
@@ -14,30 +15,6 @@ def unigram_entropy(ids: torch.Tensor) -> float:
     counts = torch.bincount(ids.flatten())
     p = counts[counts > 0].double() / counts.sum()
     return float(-(p * p.log()).sum())
-
-
-def chart_layout() -> dict[str, dict[str, list]]:
-    """The Custom Scalars tab: category -> chart title -> ["Multiline", regular expressions of its tags].
-
-    TensorBoard matches each pattern anywhere in a tag (``loss/train`` would also match ``loss/train_step``),
-    so every pattern is anchored: each chart draws exactly the tags its title names.
-    """
-    return {
-        "The chapter's figure": {
-            "loss (whole sets, per epoch) and the unigram floor": [
-                "Multiline",
-                ["^loss/train$", "^loss/val$", "^loss/unigram_baseline$"],
-            ],
-            "training loss per step (with dropout) and the unigram floor": [
-                "Multiline",
-                ["^loss/train_step$", "^loss/unigram_baseline$"],
-            ],
-        },
-        "Depth: one line per block": {
-            "gradient norm of each block's ffn.fc.weight": ["Multiline", [r"^grad_norm/block_\d+$"]],
-            "similarity between positions after each block": ["Multiline", [r"^similarity/block_\d+$"]],
-        },
-    }
 
 
 class UnigramBaseline(AfterValidation):
@@ -51,10 +28,10 @@ class UnigramBaseline(AfterValidation):
         its points, and a floor written at every step would outnumber the losses and shrink the chart to it.
 
         Args:
-            chart: Add the TensorBoard custom-scalars layout (``chart_layout``, the "Custom Scalars" tab): the
-                whole-set training and validation losses and this floor on one chart, like the chapter's
-                figure; the per-step loss with the floor; every block's gradient norm on one chart; every
-                block's similarity between positions on one chart.
+            chart: Add TensorBoard's "Custom Scalars" layout (gpt_lit/callbacks/custom_scalars.py): the whole-set
+                training and validation losses and this floor on one chart, like the chapter's figure; the
+                per-step loss with the floor; every block's gradient norm on one chart; every block's similarity
+                between positions on one chart.
         """
         self.chart = chart
         self.value: float | None = None
@@ -62,8 +39,7 @@ class UnigramBaseline(AfterValidation):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.value = unigram_entropy(trainer.datamodule.book_ids)
         if self.chart:
-            for writer in tensorboard_writers(trainer):
-                writer.add_custom_scalars(chart_layout())
+            add_chart_layout(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if is_fresh_start(trainer):  # the line starts at step 0 (a resumed run logged it before)

@@ -1,0 +1,111 @@
+"""Where the book comes from: the copy that ships with gpt_lit, or another one (downloaded when missing), read
+and stripped of Project Gutenberg's header and licence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from gpt_lit.errors import GptLitError
+
+BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
+BOOK_FILE = "pg35.txt"
+DATA_DIR_ENV = "GPT_LIT_DATA_DIR"
+# The copy every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends). It ships
+# with the package, Gutenberg's licence inside it, so nothing needs the network.
+BOOK_SHA256 = "7fb3a97247192d3ddbe13be43d0359d8395db73b884f395c4b5f15f6931acba2"
+SHIPPED_BOOK_DIR = Path(__file__).resolve().parent / "book"
+
+
+def default_data_dir() -> str:
+    """``$GPT_LIT_DATA_DIR`` when set, else the folder of the book that ships with gpt_lit."""
+    return os.environ.get(DATA_DIR_ENV) or str(SHIPPED_BOOK_DIR)
+
+
+def check_edition(path: Path, raw: bytes) -> bool:
+    """True if ``raw`` is the shipped edition; else print one ``warning:`` line (from process 0) and return False."""
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest == BOOK_SHA256:
+        return True
+    if rank_zero_only.rank == 0:
+        print(
+            f"warning: {path} is another copy of The Time Machine than the one the README's numbers come from "
+            f"(sha256 {digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses "
+            f"will differ; leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
+            file=sys.stderr,
+        )
+    return False
+
+
+def download_book(path: Path, url: str = BOOK_URL, timeout: float = 30.0) -> None:
+    """Fetch the book into ``path`` atomically: a temporary file in the same folder, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            out.write(response.read())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def strip_gutenberg(raw: str, source: str = "the book") -> str:
+    """The text between the ``*** START OF`` and ``*** END OF`` lines, ``\\n`` line ends, blank lines trimmed."""
+    start, end = raw.find("*** START OF"), raw.find("*** END OF")
+    if start < 0 or end < 0 or end < start:
+        raise GptLitError(
+            f"{source} has no '*** START OF' / '*** END OF' lines: it is not Project Gutenberg's pg35.txt. "
+            f"Replace it with the file from {BOOK_URL}"
+        )
+    start = raw.find("\n", start) + 1  # the text begins on the line after the START line
+    text = raw[start:end].replace("\r\n", "\n").replace("\r", "\n").strip()
+    if not text:
+        raise GptLitError(f"{source} has no text between its START and END lines; replace it with {BOOK_URL}")
+    return text
+
+
+def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
+    """The path of ``pg35.txt`` in ``data_dir``, downloading it there first if it is missing."""
+    path = Path(data_dir) / BOOK_FILE
+    if not path.is_file():
+        reason = "downloading is switched off (data.download: false)"
+        if download:
+            try:
+                download_book(path, BOOK_URL)
+            except (OSError, urllib.error.URLError) as e:
+                reason = f"downloading {BOOK_URL} failed ({getattr(e, 'reason', e)})"
+        if not path.is_file():
+            raise GptLitError(
+                f"The Time Machine is not at {path} and {reason}. Download {BOOK_URL} and save it as {path}, "
+                f"or point data.data_dir (or ${DATA_DIR_ENV}) at the folder that holds {BOOK_FILE}."
+            )
+    return path
+
+
+def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
+    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story.
+
+    A copy that is not byte for byte the shipped one is used all the same, after a one-line warning.
+    """
+    path = ensure_book(data_dir, download)
+    try:
+        data = path.read_bytes()
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GptLitError(f"{path} is not UTF-8 text (byte {e.start}); replace it with {BOOK_URL}") from None
+    except OSError as e:
+        raise GptLitError(f"cannot read {path}: {e.strerror}") from None
+    if not raw.strip():
+        raise GptLitError(f"{path} is empty; delete it to download the book again, or replace it with {BOOK_URL}")
+    text = strip_gutenberg(raw, source=str(path))
+    check_edition(path, data)
+    return text

@@ -1,0 +1,54 @@
+"""The prompts ``predict`` continues: from the config or a text file, as a dataset of token IDs."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from gpt_lit.errors import GptLitError
+from gpt_lit.tokenizer import encode
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """The prompts in a text file, one a line: UTF-8 (a byte-order mark is dropped), split on ``\n`` and ``\r\n``
+    only, blank lines skipped. Other characters that ``str.splitlines`` would split on (``\x0c``, ``\u2028``, ...)
+    stay inside their prompt."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GptLitError(f"cannot read data.prompts_file {path}: {e}") from None
+    lines = (line.removesuffix("\r") for line in text.split("\n"))
+    return [line for line in lines if line.strip()]
+
+
+class Prompts(Dataset):
+    """Prompts for ``predict``: item i is (i, the prompt's token IDs); the model sees the last ``context_length``.
+
+    The index travels with the prompt, so that under several processes, each continuing its share of the
+    prompts, the continuations are put back in the prompts' order and each prompt samples with its own
+    generator (``GPTLightning.predict_step``).
+    """
+
+    def __init__(self, prompts: list[str], context_length: int):
+        self.texts, self.ids = [], []
+        for n, text in enumerate(prompts, 1):
+            if not text.strip():
+                raise GptLitError(f"prompt {n} is empty: give every prompt some text to continue")
+            ids = encode(text)  # as the book is: all of it ordinary text
+            if len(ids) > context_length:
+                warnings.warn(
+                    f"prompt {n} has {len(ids)} tokens, more than context_length={context_length}; "
+                    f"the model sees only its last {context_length} tokens",
+                    stacklevel=2,
+                )
+            self.texts.append(text)
+            self.ids.append(torch.tensor(ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
+        return i, self.ids[i]
