@@ -25,7 +25,6 @@ from gpt_lit.callbacks import (
     LogitLens,
     PositionSimilarity,
     ResidualStream,
-    attention_weights,
     block_attentions,
     lens_losses,
     probe,
@@ -198,7 +197,7 @@ def test_row_entropy_in_nats():
     rows = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
     assert torch.allclose(row_entropy(rows), torch.tensor([0.0, math.log(2), math.log(3)]))
     model = tiny_model(True)
-    w = attention_weights(model.blocks[0].attn, torch.zeros(1, 4, 16))  # equal keys: even rows, log(t + 1)
+    w = model.blocks[0].attn.weights(torch.zeros(1, 4, 16))  # equal keys: even rows, log(t + 1)
     assert torch.allclose(row_entropy(w)[0, 0], torch.log(torch.arange(1.0, 5.0)), atol=1e-6)
 
 
