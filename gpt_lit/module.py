@@ -7,16 +7,16 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric, Metric
 
+from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
+from gpt_lit.loss import head_cross_entropy, logits_losses, vocab_blocked_token_losses
 from gpt_lit.model import GPT, GPTConfig, generate
-from gpt_lit.ops import head_cross_entropy, head_token_losses, keep_freed_memory
 from gpt_lit.pretrained import fetch, load_pretrained
 from gpt_lit.tokenizer import get_tokenizer
 
@@ -173,25 +173,26 @@ class GPTLightning(L.LightningModule):
         # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
         return not shards_parameters(trainer) and not str(trainer.precision).startswith("16")
 
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """What the output head reads for the token IDs x (B, T): the final norm's output, (B * T, emb_dim)."""
+        return self.model.final_norm(self.model.hidden_states(x)).flatten(0, 1)
+
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T) inputs, (B, T) targets
         if self.uses_fused_loss():
-            h = self.model.final_norm(self.model.hidden_states(x))  # (B, T, emb_dim)
-            return head_cross_entropy(h.flatten(0, 1), self.model.head.weight, y.flatten())
-        logits = self.model(x)  # (B, T, vocab_size); bf16 under bf16-mixed, so the loss is taken in fp32
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            return head_cross_entropy(self.final_hidden(x), self.model.head.weight, y.flatten())
+        return logits_losses(self.model(x).flatten(0, 1), y.flatten())[0]  # whole (B * T, vocab_size) logits
 
     @torch.no_grad()
     def eval_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """For evaluation: ``loss(batch)`` to the last bit, and each token's own loss, (B, T), from the same pass."""
+        """For evaluation: ``loss(batch)`` to the last bit (without gradients both take the same mean of the same
+        per-token losses), and each token's own loss, (B, T), from the same pass."""
         x, y = batch  # (B, T) inputs, (B, T) targets
         if self.uses_fused_loss():
-            h = self.model.final_norm(self.model.hidden_states(x))  # (B, T, emb_dim)
-            mean, losses = head_token_losses(h.flatten(0, 1), self.model.head.weight, y.flatten())
-        else:  # F.cross_entropy is nll_loss of log_softmax: the same mean as loss(), and the per-token terms
-            logp = F.log_softmax(self.model(x).flatten(0, 1).float(), dim=-1)  # (B * T, vocab_size)
-            mean = F.nll_loss(logp, y.flatten())
-            losses = -logp.gather(1, y.flatten()[:, None]).squeeze(1)
+            losses = vocab_blocked_token_losses(self.final_hidden(x), self.model.head.weight, y.flatten())
+            mean = losses.mean()
+        else:
+            mean, losses = logits_losses(self.model(x).flatten(0, 1), y.flatten())
         return mean, losses.view_as(y)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
