@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.callbacks.tensorboard_log import shards_parameters
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
+from gpt_lit.callbacks.figures import ReusedFigure, add_figure, grad_norm_figure
+from gpt_lit.callbacks.tensorboard_log import shards_parameters, tensorboard_writers
 
 
 def is_logging_step(trainer: L.Trainer) -> bool:
@@ -16,8 +17,8 @@ def is_logging_step(trainer: L.Trainer) -> bool:
     return n > 0 and ((trainer.global_step + 1) % n == 0 or trainer.should_stop)
 
 
-class BlockGradNorms(Callback):
-    def __init__(self, param: str = "ffn.fc.weight"):
+class BlockGradNorms(AfterValidation):
+    def __init__(self, param: str = "ffn.fc.weight", figure: bool = True):
         """Log the L2 norm of each block's ``param`` gradient as ``grad_norm/block_1`` ... ``block_N``.
 
         Taken after backward and before the optimizer step: after AMP unscaling and before any gradient
@@ -28,13 +29,17 @@ class BlockGradNorms(Callback):
         directly, on the main process only: ``self.log`` took ~3 ms a step for its four values, 0.2% of a
         10-epoch run. Under DDP every process holds the averaged gradients, so process 0's norms are
         everyone's; under a strategy that shards the parameters (FSDP) each process holds only a piece of
-        each gradient, and the norms are not logged (said once). ``latest`` keeps the last step's norms for
-        ``ChapterFigures``.
+        each gradient, and the norms are not logged (said once). With ``figure``, after every validation of
+        ``fit`` the image ``figures/grad_norm_by_block`` (to every TensorBoard logger, at the validation's step):
+        the latest logged norms (``latest``) against the block's depth.
 
         Args:
             param: Which parameter of each block to measure; the chapter uses the first feed-forward weight.
+            figure: Draw the figure too (else the scalars only).
         """
         self.param = param
+        self.figure = figure
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
         self.sharded = False
         self.latest: tuple[int, list[float]] | None = None  # (step, the norms of blocks 1 .. N) last logged
 
@@ -53,3 +58,9 @@ class BlockGradNorms(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         self.latest = (step, norms)
+
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        writers = tensorboard_writers(trainer)
+        if self.figure and self.latest is not None and trainer.is_global_zero and writers:
+            fig = grad_norm_figure(self.latest[1], self.latest[0], self.reused)  # the norms, their step
+            add_figure(writers, "figures/grad_norm_by_block", fig, validation.step)
