@@ -23,6 +23,7 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import LightningModule
 
+from gpt_lit.cli_keys import cli_key
 from gpt_lit.errors import GptLitError, one_line
 from gpt_lit.model import GPTConfig
 
@@ -38,10 +39,6 @@ TRUST_HELP = (
     "is. Only for a file you trust: unpickling it runs whatever code it carries, with your permissions. Without "
     "it such a file is refused before any of it runs. (Given per command; not recorded in the run's config.yaml.)"
 )
-
-# where each GPTConfig field is set on the command line (two come from the data module, linked)
-CONFIG_KEYS = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
-
 
 def _config_fields(config: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(config):
@@ -123,7 +120,7 @@ def check_architecture(path: str, ckpt: dict[str, Any], model: LightningModule) 
     theirs = _config_fields((ckpt.get("hyper_parameters") or {}).get("config"))
     ours = _config_fields(model.hparams.get("config"))
     details = [
-        f"{CONFIG_KEYS.get(k, f'model.config.{k}')} is {theirs[k]!r} in the checkpoint but {ours[k]!r} here"
+        f"{cli_key(k)} is {theirs[k]!r} in the checkpoint but {ours[k]!r} here"
         for k in ours
         if k in theirs and k != "dropout" and theirs[k] != ours[k]
     ]

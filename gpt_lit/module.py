@@ -7,41 +7,18 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import MeanMetric
 
+from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
+from gpt_lit.loss import head_cross_entropy, logits_losses, vocab_blocked_token_losses
 from gpt_lit.model import GPT, GPTConfig, generate
-from gpt_lit.ops import head_cross_entropy, head_token_losses, keep_freed_memory
 from gpt_lit.pretrained import fetch, load_pretrained
 from gpt_lit.tokenizer import get_tokenizer
-
-
-class PositionMeans(Metric):
-    """The mean of a per-token value at each position 0 .. n-1 over every sequence seen, across processes.
-
-    Keeps a sum and a count per position (reduced by summing under DDP), so the result is exact whatever the
-    number of processes and however the sequences were split among them.
-    """
-
-    full_state_update = False
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.add_state("sum", torch.zeros(n), dist_reduce_fx="sum")
-        self.add_state("count", torch.zeros(n), dist_reduce_fx="sum")
-
-    def update(self, values: torch.Tensor) -> None:  # (B, T) with T <= n
-        T = values.shape[1]
-        self.sum[:T] += values.to(self.sum.dtype).sum(dim=0)
-        self.count[:T] += values.shape[0]
-
-    def compute(self) -> torch.Tensor:  # (n,); nan at positions never seen
-        return self.sum / self.count
 
 
 class MeanPerplexity(MeanMetric):
@@ -121,12 +98,9 @@ class GPTLightning(L.LightningModule):
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
         self.val_loss, self.train_eval_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.test_perplexity = MeanPerplexity()
-        # The validation loss at each position of a window, from the same evaluation (the PositionLoss callback
-        # logs it).
-        self.val_loss_by_position = PositionMeans(config.context_length)
         # The results of the latest validation of fit, for the instruments that log beside it (gpt_lit/callbacks):
-        # "loss/val", "loss/train" (when the training set is evaluated too) as floats, "loss_by_position" as a
-        # (context_length,) tensor. None after a sanity check: its values are no validation's.
+        # "loss/val", "loss/train" (when the training set is evaluated too) as floats. None after a sanity check:
+        # its values are no validation's.
         self.last_validation: dict[str, Any] | None = None
 
     def setup(self, stage: str) -> None:
@@ -174,25 +148,26 @@ class GPTLightning(L.LightningModule):
         # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
         return not shards_parameters(trainer) and not str(trainer.precision).startswith("16")
 
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """What the output head reads for the token IDs x (B, T): the final norm's output, (B * T, emb_dim)."""
+        return self.model.final_norm(self.model.hidden_states(x)).flatten(0, 1)
+
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T) inputs, (B, T) targets
         if self.uses_fused_loss():
-            h = self.model.final_norm(self.model.hidden_states(x))  # (B, T, emb_dim)
-            return head_cross_entropy(h.flatten(0, 1), self.model.head.weight, y.flatten())
-        logits = self.model(x)  # (B, T, vocab_size); bf16 under bf16-mixed, so the loss is taken in fp32
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            return head_cross_entropy(self.final_hidden(x), self.model.head.weight, y.flatten())
+        return logits_losses(self.model(x).flatten(0, 1), y.flatten())[0]  # whole (B * T, vocab_size) logits
 
     @torch.no_grad()
     def eval_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """For evaluation: ``loss(batch)`` to the last bit, and each token's own loss, (B, T), from the same pass."""
+        """For evaluation: ``loss(batch)`` to the last bit (without gradients both take the same mean of the same
+        per-token losses), and each token's own loss, (B, T), from the same pass."""
         x, y = batch  # (B, T) inputs, (B, T) targets
         if self.uses_fused_loss():
-            h = self.model.final_norm(self.model.hidden_states(x))  # (B, T, emb_dim)
-            mean, losses = head_token_losses(h.flatten(0, 1), self.model.head.weight, y.flatten())
-        else:  # F.cross_entropy is nll_loss of log_softmax: the same mean as loss(), and the per-token terms
-            logp = F.log_softmax(self.model(x).flatten(0, 1).float(), dim=-1)  # (B * T, vocab_size)
-            mean = F.nll_loss(logp, y.flatten())
-            losses = -logp.gather(1, y.flatten()[:, None]).squeeze(1)
+            losses = vocab_blocked_token_losses(self.final_hidden(x), self.model.head.weight, y.flatten())
+            mean = losses.mean()
+        else:
+            mean, losses = logits_losses(self.model(x).flatten(0, 1), y.flatten())
         return mean, losses.view_as(y)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
@@ -200,18 +175,20 @@ class GPTLightning(L.LightningModule):
         self.log("loss/train_step", loss, prog_bar=True)
         return loss
 
-    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        # dataloader 0: the validation set; 1: the whole training set (see TimeMachineData.val_dataloader)
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor] | None:
+        """dataloader 0: the validation set, whose batches return each token's loss, (B, T), as ``token_losses``
+        (to ``on_validation_batch_end``: PositionLoss averages them by position); 1: the whole training set (see
+        TimeMachineData.val_dataloader)."""
         if dataloader_idx == 0:
             loss, per_token = self.eval_losses(batch)
             self.val_loss.update(loss, batch[1].numel())
-            self.val_loss_by_position.update(per_token)
-        else:
-            self.train_eval_loss.update(self.loss(batch), batch[1].numel())
+            return {"token_losses": per_token}
+        self.train_eval_loss.update(self.loss(batch), batch[1].numel())
+        return None
 
     def on_validation_epoch_end(self) -> None:
         # Every process computes each set's mean (a collective across processes), then starts afresh; the means are
-        # logged, and kept with the loss by position as this validation's results.
+        # logged, and kept as this validation's results.
         results: dict[str, Any] = {}
         for name, metric in (("loss/val", self.val_loss), ("loss/train", self.train_eval_loss)):
             if metric.update_count:
@@ -219,9 +196,6 @@ class GPTLightning(L.LightningModule):
                 metric.reset()
                 self.log(name, value, prog_bar=True)
                 results[name] = value.item()
-        if self.val_loss_by_position.update_count:
-            results["loss_by_position"] = self.val_loss_by_position.compute().cpu()
-            self.val_loss_by_position.reset()
         self.last_validation = None if self.trainer.sanity_checking else results
 
     def test_step(self, batch, batch_idx: int) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from gpt_lit.cli_keys import cli_key
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig
 
@@ -54,16 +55,8 @@ HF_DEFAULTS = {
     "scale_attn_by_inverse_layer_idx": False,
     "tie_word_embeddings": True,
 }
-# The GPTConfig fields the weights fix, and where each is set on the command line.
-ARCH_FIELDS = {
-    "vocab_size": "vocab_size (from data.tokenizer)",
-    "emb_dim": "model.config.emb_dim",
-    "n_layers": "model.config.n_layers",
-    "n_heads": "model.config.n_heads",
-    "qkv_bias": "model.config.qkv_bias",
-    "tie_weights": "model.config.tie_weights",
-    "residual": "model.config.residual",
-}
+# The GPTConfig fields the weights fix (named on the command line by ``cli_key``).
+ARCH_FIELDS = ("vocab_size", "emb_dim", "n_layers", "n_heads", "qkv_bias", "tie_weights", "residual")
 # Per-block tensors: Hugging Face name -> the chapter's name, and whether it is a Conv1D weight (transposed).
 BLOCK_TENSORS = {
     "ln_1.weight": ("norm1.weight", False),
@@ -191,10 +184,10 @@ def check_config(source: str, theirs: dict, cfg: GPTConfig) -> None:
     """One GptLitError naming every configured field that differs from the weights' (context_length may be shorter)."""
     differ = [k for k in ARCH_FIELDS if theirs[k] != getattr(cfg, k)]
     details = [
-        f"{ARCH_FIELDS[k]} is {json.dumps(theirs[k])} in the weights but {json.dumps(getattr(cfg, k))} here"
+        f"{cli_key(k)} is {json.dumps(theirs[k])} in the weights but {json.dumps(getattr(cfg, k))} here"
         for k in differ
     ]
-    fixes = [f"--{ARCH_FIELDS[k]} {json.dumps(theirs[k])}" for k in differ if k != "vocab_size"]
+    fixes = [f"--{cli_key(k)} {json.dumps(theirs[k])}" for k in differ if k != "vocab_size"]
     if cfg.context_length > theirs["context_length"]:
         details.append(
             f"data.context_length is {cfg.context_length} here, longer than the weights' position table "

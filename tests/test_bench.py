@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpt_lit.data import TimeMachineData
+from gpt_lit.loss import head_cross_entropy, logits_losses, token_losses, vocab_blocked_token_losses
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
-from gpt_lit.ops import head_cross_entropy, head_token_losses, token_losses, vocab_blocked_token_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -131,6 +131,21 @@ def test_vocab_blocked_token_losses_equal_cross_entropy_per_token(block):
     torch.testing.assert_close(vocab_blocked_token_losses(h, w, t, block), expected, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_plain_path_is_cross_entropy_to_the_last_bit(dtype):
+    # fp16 and sharded runs take it: its mean, and its gradient, are F.cross_entropy's on the fp32 logits exactly;
+    # each token's loss is F.cross_entropy's per token.
+    torch.manual_seed(0)
+    logits, t = (torch.randn(50, 300) * 4).to(dtype), torch.randint(0, 300, (50,))
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    expected = F.cross_entropy(a.float(), t)
+    mean, per_token = logits_losses(b, t)
+    assert torch.equal(mean, expected)
+    torch.testing.assert_close(per_token, F.cross_entropy(a.float(), t, reduction="none"), rtol=0, atol=0)
+    expected.backward(), mean.backward()
+    assert torch.equal(a.grad, b.grad)
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_evaluation_losses_equal_cross_entropy_to_float_rounding(precision):
     # Evaluation's tiles (rows x words) on a batch of several tiles each way, neither dividing it: the mean is
@@ -140,7 +155,8 @@ def test_evaluation_losses_equal_cross_entropy_to_float_rounding(precision):
     h, w, t = torch.randn(600, 64), torch.randn(5000, 64) * 0.3, torch.randint(0, 5000, (600,))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
         logits = F.linear(h, w).float()
-        mean, per_token = head_token_losses(h, w, t, chunk=256)
+        per_token = vocab_blocked_token_losses(h, w, t, rows=256)
+        mean = head_cross_entropy(h, w, t, chunk=256)  # without gradients: the mean of those losses
     expected = F.cross_entropy(logits, t, reduction="none")
     assert mean.item() == pytest.approx(expected.mean().item(), rel=1e-6)
     torch.testing.assert_close(per_token, expected, rtol=1e-6, atol=1e-5)

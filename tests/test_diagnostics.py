@@ -33,6 +33,10 @@ from gpt_lit.callbacks import (
     UnigramBaseline,
     mean_position_similarity,
 )
+from gpt_lit.callbacks import figures as figures_module
+from gpt_lit.callbacks import grad_norms as grad_norms_module
+from gpt_lit.callbacks import similarity as similarity_module
+from gpt_lit.callbacks.figures import add_figure
 from gpt_lit.callbacks.samples import LastPositionLogits, padded_prompts
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPTConfig, generate
@@ -44,36 +48,24 @@ CLIP = 1e-3  # clip the total gradient norm far below any block's: the logged no
 PROMPTS = ["The Time Traveller", "I saw"]
 NEW_TOKENS = 8
 EPOCH_ENDS = [1, 3]  # 2 steps an epoch: self.log puts the epoch-end losses at the last step's index
+DRAWN: list[tuple[str, int, object]] = []  # the module's run: every figure drawn, (tag, step, Figure)
 
 
-class RecordingFigures(ChapterFigures):
-    """ChapterFigures that also keeps each matplotlib Figure it draws, to read its lines' data."""
-
-    def __init__(self):
-        super().__init__()
-        self.drawn: list[tuple[str, int, object]] = []  # (tag, step, Figure)
-
-    def _add(self, writer, tag, fig, step):
-        self.drawn.append((tag, step, fig))
-        ChapterFigures._add(writer, tag, fig, step)
+FIGURE_MODULES = (figures_module, grad_norms_module, similarity_module)  # each draws through its own add_figure
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """The fitted trainer, its module and data, and the run's event file."""
-    tmp_path = tmp_path_factory.mktemp("fit")
+def fit_tiny(tmp_path, callbacks: list, drawn: list | None = None) -> tuple[L.Trainer, GPTLightning, TimeMachineData]:
+    """The tiny fit (seed 123, 2 epochs of 2 steps, one validation batch), each figure drawn kept in ``drawn`` as
+    (tag, step, Figure), to read its lines' data."""
+
+    def recording(writers, tag, fig, step):
+        drawn.append((tag, step, fig))
+        add_figure(writers, tag, fig, step)
+
     L.seed_everything(123)
     data = TimeMachineData(context_length=32, stride=128, batch_size=4, eval_batch_size=8)
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=N_LAYERS, n_heads=2))
     logger = TensorBoardLogger(tmp_path, name="tiny", default_hp_metric=False)
-    callbacks = [
-        BlockGradNorms(),
-        PositionSimilarity(num_sequences=2),
-        UnigramBaseline(),
-        RecordingFigures(),
-        Samples(PROMPTS, max_new_tokens=NEW_TOKENS),
-        RunsTable(),
-    ]
     trainer = L.Trainer(
         default_root_dir=tmp_path,
         logger=logger,
@@ -85,7 +77,27 @@ def run(tmp_path_factory):
         log_every_n_steps=2,
         gradient_clip_val=CLIP,
     )
-    trainer.fit(model, data)
+    with pytest.MonkeyPatch.context() as patch:
+        for module in FIGURE_MODULES if drawn is not None else ():
+            patch.setattr(module, "add_figure", recording, raising=False)
+        trainer.fit(model, data)
+    return trainer, model, data
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The fitted trainer, its module and data, and the run's event file."""
+    tmp_path = tmp_path_factory.mktemp("fit")
+    callbacks = [
+        BlockGradNorms(),
+        PositionSimilarity(num_sequences=2),
+        UnigramBaseline(),
+        ChapterFigures(),
+        Samples(PROMPTS, max_new_tokens=NEW_TOKENS),
+        RunsTable(),
+    ]
+    trainer, model, data = fit_tiny(tmp_path, callbacks, DRAWN)
+    logger = trainer.logger
     acc = EventAccumulator(logger.log_dir, size_guidance={SCALARS: 0, TENSORS: 0, IMAGES: 0})
     acc.Reload()
     return trainer, model, data, acc
@@ -202,17 +214,25 @@ def test_the_chapters_three_figures_are_images_every_epoch(run):
         image = events.Images(tag)[-1]
         pixels = matplotlib.image.imread(io.BytesIO(image.encoded_image_string), format="png")  # a real PNG
         assert pixels.shape[:2] == (image.height, image.width) == (400, 700), tag
-    [recorder] = [cb for cb in trainer.callbacks if isinstance(cb, RecordingFigures)]
-    assert [(tag, step) for tag, step, _ in recorder.drawn] == [
-        (tag, step) for step in EPOCH_ENDS for tag in ("figures/losses", "figures/grad_norm_by_block",
-                                                      "figures/similarity_by_block")
-    ]  # fmt: skip
+    assert sorted((step, tag) for tag, step, _ in DRAWN) == [(step, tag) for step in EPOCH_ENDS for tag in figures]
+
+
+def test_the_callbacks_order_does_not_change_the_figures(run, tmp_path):
+    """The same fit with the figures' callbacks listed the other way round draws the same images at the same steps
+    (each instrument draws its own figure; none reads another's values)."""
+    callbacks = [ChapterFigures(), UnigramBaseline(), PositionSimilarity(num_sequences=2), BlockGradNorms()]
+    trainer, _, _ = fit_tiny(tmp_path, callbacks)
+    reversed_run = EventAccumulator(trainer.logger.log_dir, size_guidance={IMAGES: 0})
+    reversed_run.Reload()
+    tags = sorted(t for t in reversed_run.Tags()[IMAGES] if t.startswith("figures/"))
+    assert tags == ["figures/grad_norm_by_block", "figures/losses", "figures/similarity_by_block"]
+    for tag in tags:
+        got = [(e.step, e.encoded_image_string) for e in reversed_run.Images(tag)]
+        assert got == [(e.step, e.encoded_image_string) for e in run[3].Images(tag)], tag
 
 
 def last_figure(run, tag: str):
-    trainer = run[0]
-    [recorder] = [cb for cb in trainer.callbacks if isinstance(cb, RecordingFigures)]
-    return [fig for t, _, fig in recorder.drawn if t == tag][-1]
+    return [fig for t, _, fig in DRAWN if t == tag][-1]
 
 
 def test_the_loss_figure_draws_the_logged_training_and_validation_losses_and_the_floor(run, events):

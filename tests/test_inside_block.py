@@ -25,7 +25,6 @@ from gpt_lit.callbacks import (
     LogitLens,
     PositionSimilarity,
     ResidualStream,
-    attention_weights,
     block_attentions,
     lens_losses,
     probe,
@@ -33,6 +32,7 @@ from gpt_lit.callbacks import (
     stream_sizes,
 )
 from gpt_lit.callbacks.block_pass import SharedPass, record_blocks
+from gpt_lit.callbacks.position_loss import PositionMeans
 from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.callbacks.similarity import block_similarities
 from gpt_lit.cli import main
@@ -198,7 +198,7 @@ def test_row_entropy_in_nats():
     rows = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
     assert torch.allclose(row_entropy(rows), torch.tensor([0.0, math.log(2), math.log(3)]))
     model = tiny_model(True)
-    w = attention_weights(model.blocks[0].attn, torch.zeros(1, 4, 16))  # equal keys: even rows, log(t + 1)
+    w = model.blocks[0].attn.weights(torch.zeros(1, 4, 16))  # equal keys: even rows, log(t + 1)
     assert torch.allclose(row_entropy(w)[0, 0], torch.log(torch.arange(1.0, 5.0)), atol=1e-6)
 
 
@@ -270,10 +270,11 @@ def _two_processes(rank: int, port: int, state: dict, windows: torch.Tensor, out
         module = GPTLightning(GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2))
         module.model.load_state_dict(state)
         module.eval()
+        means = PositionMeans(T)  # what PositionLoss sums from the validation steps' outputs
         for i, batch in enumerate(windows.split(4)):
             if i % 2 == rank:  # 5 batches: 3 on process 0, 2 on process 1 (and 4 + 3 + ... windows: uneven)
-                module.validation_step((batch[:, :-1], batch[:, 1:]), i)
-        loss, by_position = module.val_loss.compute(), module.val_loss_by_position.compute()  # collectives
+                means.update(module.validation_step((batch[:, :-1], batch[:, 1:]), i)["token_losses"])
+        loss, by_position = module.val_loss.compute(), means.compute()  # collectives
         if rank == 0:
             out["loss"], out["by_position"] = loss.item(), by_position.tolist()
     finally:
@@ -290,9 +291,10 @@ def test_loss_by_position_on_one_and_two_processes_is_the_whole_sets_per_positio
     one = GPTLightning(GPTConfig(vocab_size=V, context_length=T, emb_dim=16, n_layers=2, n_heads=2))
     one.model.load_state_dict(model.state_dict())
     one.eval()
+    means = PositionMeans(T)
     for i, batch in enumerate(windows.split(4)):
-        one.validation_step((batch[:, :-1], batch[:, 1:]), i)
-    by_position = one.val_loss_by_position.compute()
+        means.update(one.validation_step((batch[:, :-1], batch[:, 1:]), i)["token_losses"])
+    by_position = means.compute()
     assert torch.allclose(by_position, expected, atol=1e-5)
     assert one.val_loss.compute().item() == pytest.approx(whole, abs=1e-5)
     assert by_position.mean().item() == pytest.approx(one.val_loss.compute().item(), abs=1e-5)

@@ -15,6 +15,7 @@ from gpt_lit.model import (
     CausalSelfAttention,
     FeedForward,
     GPTConfig,
+    KVCache,
     LayerNorm,
     count_params,
     generate,
@@ -151,6 +152,47 @@ def test_sdpa_matches_written_out_attention():
     x = torch.randn(3, 32, 64)
     with torch.no_grad():
         assert torch.allclose(attn(x), written_out_attention(attn, x), atol=1e-5)
+
+
+def test_the_written_out_weights_are_those_the_forward_mixes_the_values_with():
+    """``CausalSelfAttention.weights`` (what the diagnostics draw) against softmax(q k / sqrt(d)) by hand, and
+    proj(weights @ v) against the model's own forward (scaled_dot_product_attention)."""
+    torch.manual_seed(2)
+    attn = CausalSelfAttention(16, 2, 8, dropout=0.1, qkv_bias=True).eval()
+    for p in attn.parameters():
+        nn.init.normal_(p, std=0.3)
+    x = torch.randn(2, 6, 16)
+    w = attn.weights(x)  # (2, 2, 6, 6)
+    q, k, v = (t.view(2, 6, 2, 8).transpose(1, 2) for t in (x @ attn.qkv.weight.T + attn.qkv.bias).split(16, -1))
+    for t in range(6):  # row t: keys 0 .. t by hand, nothing after
+        e = torch.exp((q[:, :, t : t + 1] * k[:, :, : t + 1]).sum(-1) / math.sqrt(8))  # (2, 2, t + 1)
+        torch.testing.assert_close(w[:, :, t, : t + 1], e / e.sum(-1, keepdim=True), rtol=1e-5, atol=1e-6)
+        assert (w[:, :, t, t + 1 :] == 0).all()
+    with torch.no_grad():
+        torch.testing.assert_close(attn.proj((w @ v).transpose(1, 2).reshape(2, 6, 16)), attn(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_kv_cache_gives_each_rows_new_token_the_stream_of_a_whole_pass():
+    """Rows at different positions (prompts of different lengths) go on one token at a time through the cache; each
+    new token's stream equals the whole sequence's pass at that position."""
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(vocab_size=50, context_length=16, emb_dim=16, n_layers=2, n_heads=2)).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.5)
+    idx = torch.randint(0, 50, (3, 12))
+    with torch.no_grad():
+        whole = model.hidden_states(idx)  # (3, 12, 16)
+        cache = KVCache(2)
+        first = model.hidden_states(idx[:, :5], cache)  # every row's first 5 tokens, kept
+        torch.testing.assert_close(first, whole[:, :5], rtol=1e-5, atol=1e-5)
+        pos = torch.tensor([5, 2, 3])  # row 1 had 2 tokens, row 2 had 3: what they hold past that is overwritten
+        cache.pos = pos
+        rows = torch.arange(3)
+        for _ in range(6):
+            got = model.hidden_states(idx[rows, pos][:, None], cache)  # (3, 1, 16)
+            torch.testing.assert_close(got[:, 0], whole[rows, pos], rtol=1e-5, atol=1e-5)
+            pos = pos + 1
+            assert torch.equal(cache.pos, pos)
 
 
 def test_qkv_layout_is_gpt2s():

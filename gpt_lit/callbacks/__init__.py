@@ -1,6 +1,6 @@
 """The chapter's diagnostics, each its own small Callback; the predict writer; the safety nets the CLI always adds."""
 
-from gpt_lit.callbacks.attention import AttentionMaps, attention_weights, block_attentions, row_entropy
+from gpt_lit.callbacks.attention import AttentionMaps, block_attentions, row_entropy
 from gpt_lit.callbacks.figures import ChapterFigures
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.grad_norms import BlockGradNorms
@@ -32,7 +32,6 @@ __all__ = [
     "Samples",
     "Throughput",
     "UnigramBaseline",
-    "attention_weights",
     "block_attentions",
     "block_similarities",
     "lens_losses",

@@ -18,8 +18,8 @@ class Validation:
     ``step``: the step at which ``self.log`` logged its ``loss/val``. ``epoch``: the epochs trained when it ran,
     ``k`` after epoch k - 1's last batch (counted from 0, as the progress bar counts), a fraction in between
     (``val_check_interval``, a stop that validates early). ``results``: what the module computed on the
-    validation set in that validation (``GPTLightning.last_validation``: ``loss/val``, ``loss/train`` when the
-    training set is evaluated too, ``loss_by_position``).
+    validation set in that validation (``GPTLightning.last_validation``: ``loss/val``, and ``loss/train`` when the
+    training set is evaluated too).
     """
 
     step: int

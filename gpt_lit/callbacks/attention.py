@@ -15,23 +15,8 @@ from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
 from gpt_lit.callbacks.figures import add_png
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
-from gpt_lit.model import GPT, CausalSelfAttention
+from gpt_lit.model import GPT
 from gpt_lit.tokenizer import get_tokenizer
-
-
-@torch.no_grad()
-def attention_weights(attn: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(head_dim) + mask) of each head, from ``attn``'s own q and k projections.
-
-    x: (B, T, emb_dim), the attention's input (the block's ``norm1`` output). Returns (B, n_heads, T, T): row t
-    is how position t spreads its attention over positions 0 .. t (the mask puts -inf above the diagonal).
-    The model's forward computes the same weights inside ``F.scaled_dot_product_attention``.
-    """
-    T = x.shape[1]
-    q, k, _ = attn.heads(x)  # (B, n_heads, T, head_dim) each: the block's own projections
-    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, n_heads, T, T)
-    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)  # (T, T): key after query
-    return torch.softmax(scores.float().masked_fill(future, -math.inf), dim=-1)
 
 
 @torch.no_grad()
@@ -45,8 +30,9 @@ def block_attentions(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
 
 
 def recorded_attentions(model: GPT, record: BlockRecord) -> list[torch.Tensor]:
-    """``attention_weights`` of every block from the attention inputs a pass recorded."""
-    return [attention_weights(blk.attn, x) for blk, x in zip(model.blocks, record.attn_x, strict=True)]
+    """The attention weights of every block (``CausalSelfAttention.weights``) from the attention inputs a pass
+    recorded."""
+    return [blk.attn.weights(x) for blk, x in zip(model.blocks, record.attn_x, strict=True)]
 
 
 def row_entropy(weights: torch.Tensor) -> torch.Tensor:
@@ -215,9 +201,9 @@ class AttentionMaps(ValidationProbe):
         validation windows (a fixed batch); lower is sharper (a row that looks at one token has 0, a row
         spread evenly over t tokens has log t). At the start of a fresh run and after every validation of
         ``fit``, at the step of its ``loss/val``, on the main process, in eval mode without gradients; the scalars
-        to every logger, the images to every TensorBoard logger. The weights are written out as
-        softmax(Q K^T / sqrt(head_dim) + mask) from each block's own q and k projections. Skipped, with one
-        logged line, under strategies that shard the parameters.
+        to every logger, the images to every TensorBoard logger. The weights are
+        softmax(Q K^T / sqrt(head_dim) + mask), written out by each block's attention (``CausalSelfAttention.weights``).
+        Skipped, with one logged line, under strategies that shard the parameters.
 
         Args:
             num_tokens: How many tokens of the first validation window the images show.

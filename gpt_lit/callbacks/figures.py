@@ -1,4 +1,6 @@
-"""The chapter's figures, redrawn after every validation into TensorBoard's Images tab."""
+"""The chapter's figures, redrawn after every validation into TensorBoard's Images tab: how each is drawn (the
+instruments draw their own), the figure reused from one validation to the next, PNG encoding, and ``ChapterFigures``
+(the loss figure)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,6 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
-from gpt_lit.callbacks.grad_norms import BlockGradNorms
-from gpt_lit.callbacks.similarity import PositionSimilarity
 from gpt_lit.callbacks.tensorboard_log import tensorboard_writers
 from gpt_lit.callbacks.unigram import unigram_entropy
 
@@ -323,20 +323,19 @@ def figure_pixels_drawn(fig: Figure) -> np.ndarray:
 
 class ChapterFigures(AfterValidation):
     def __init__(self) -> None:
-        """Draw the chapter's figures into TensorBoard's Images tab after every validation of ``fit``, at the step of
-        its ``loss/val``, into every TensorBoard logger the trainer has.
+        """Draw the chapter's loss figure into TensorBoard's Images tab after every validation of ``fit``, at the step
+        of its ``loss/val``, into every TensorBoard logger the trainer has.
 
         ``figures/losses``: whole-set training and validation loss at each validation (that validation's own
-        results) and the unigram floor (dotted), coloured and labelled like the chapter's figure.
-        ``figures/grad_norm_by_block``: the gradient norm of each block against its depth, at the latest training
-        step (needs ``BlockGradNorms``). ``figures/similarity_by_block``: the similarity between positions against
-        depth, one line per validation so far (needs ``PositionSimilarity``, listed before this callback). Drawn
-        with matplotlib's Agg canvas on the main process only; the losses seen so far are kept in checkpoints, so a
-        resumed run's figure is whole.
+        results) and the unigram floor (dotted), coloured and labelled like the chapter's figure. Drawn with
+        matplotlib's Agg canvas on the main process only; the losses seen so far are kept in checkpoints, so a
+        resumed run's figure is whole. The chapter's other two figures come with their instruments, whatever
+        the callbacks' order: ``figures/grad_norm_by_block`` (``BlockGradNorms``) and
+        ``figures/similarity_by_block`` (``PositionSimilarity``).
         """
         self.epochs: list[dict[str, Any]] = []  # one per validation: {"epoch", "step", "train", "val"}
         self.floor: float | None = None
-        self.reused = {tag: ReusedFigure() for tag in ("losses", "grad_norm_by_block", "similarity_by_block")}
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ids = getattr(trainer.datamodule, "book_ids", None)
@@ -352,20 +351,7 @@ class ChapterFigures(AfterValidation):
         if not writers:
             return
         residual = bool(getattr(getattr(pl_module.model, "cfg", None), "residual", True))
-        fig = loss_figure(self.epochs, self.floor, residual, self.reused["losses"])
-        self._add(writers, "figures/losses", fig, step)
-        grads = next((cb for cb in trainer.callbacks if isinstance(cb, BlockGradNorms)), None)
-        if grads is not None and grads.latest is not None:
-            fig = grad_norm_figure(grads.latest[1], grads.latest[0], self.reused["grad_norm_by_block"])
-            self._add(writers, "figures/grad_norm_by_block", fig, step)
-        history = next((cb.history for cb in trainer.callbacks if isinstance(cb, PositionSimilarity)), [])
-        if history:
-            fig = similarity_figure(history, self.reused["similarity_by_block"], run_epochs(trainer))
-            self._add(writers, "figures/similarity_by_block", fig, step)
-
-    @staticmethod
-    def _add(writers: list[SummaryWriter], tag: str, fig: Figure, step: int) -> None:
-        add_figure(writers, tag, fig, step)
+        add_figure(writers, "figures/losses", loss_figure(self.epochs, self.floor, residual, self.reused), step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epochs": self.epochs}

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.callbacks.after_validation import AfterValidation, Validation
+from gpt_lit.callbacks.figures import ReusedFigure, add_figure, grad_norm_figure
+from gpt_lit.callbacks.tensorboard_log import tensorboard_writers
 from gpt_lit.distributed import shards_parameters
 
 
-class BlockGradNorms(Callback):
-    def __init__(self, param: str = "ffn.fc.weight"):
+class BlockGradNorms(AfterValidation):
+    def __init__(self, param: str = "ffn.fc.weight", figure: bool = True):
         """Log the L2 norm of each block's ``param`` gradient as ``grad_norm/block_1`` ... ``block_N``.
 
         Taken after backward and before the optimizer step: after AMP unscaling and before any gradient
@@ -22,12 +24,17 @@ class BlockGradNorms(Callback):
         Lightning writes them, so the steps it does not log wait for nothing. Under DDP every process holds the
         averaged gradients, so each process's norms are everyone's (the loggers write process 0's); under a
         strategy that shards the parameters (FSDP) each process holds only a piece of each gradient, and the norms
-        are not logged (said once). ``latest`` gives the last step's norms, for ``ChapterFigures``.
+        are not logged (said once). With ``figure``, after every validation of ``fit`` the image
+        ``figures/grad_norm_by_block`` (to every TensorBoard logger, at the validation's step): the norms of the
+        last optimizer step (``latest``) against the block's depth.
 
         Args:
             param: Which parameter of each block to measure; the chapter uses the first feed-forward weight.
+            figure: Draw the figure too (else the scalars only).
         """
         self.param = param
+        self.figure = figure
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
         self.sharded = False
         self._latest: tuple[int, torch.Tensor] | None = None  # (step, the norms of blocks 1 .. N) of the last step
 
@@ -50,3 +57,10 @@ class BlockGradNorms(Callback):
         for i, norm in enumerate(norms, 1):
             pl_module.log(f"grad_norm/block_{i}", norm, on_step=True, on_epoch=False)
         self._latest = (trainer.global_step, norms)
+
+    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
+        writers = tensorboard_writers(trainer)
+        latest = self.latest
+        if self.figure and latest is not None and trainer.is_global_zero and writers:
+            fig = grad_norm_figure(latest[1], latest[0], self.reused)  # the norms, their step
+            add_figure(writers, "figures/grad_norm_by_block", fig, validation.step)

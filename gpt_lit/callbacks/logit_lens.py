@@ -13,8 +13,8 @@ from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.similarity import block_outputs
 from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.callbacks.unigram import unigram_entropy
+from gpt_lit.loss import vocab_blocked_token_losses
 from gpt_lit.model import GPT
-from gpt_lit.ops import vocab_blocked_token_losses
 
 
 @torch.no_grad()

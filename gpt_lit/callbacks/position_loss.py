@@ -5,13 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
+from torchmetrics import Metric
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.figures import ReusedFigure, add_figure, epoch_lines, epochs_axes, finish_epochs_axes, run_epochs
 from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.callbacks.unigram import unigram_entropy
+
+
+class PositionMeans(Metric):
+    """The mean of a per-token value at each position 0 .. n-1 over every sequence seen, across processes.
+
+    Keeps a sum and a count per position (reduced by summing under DDP), so the result is exact whatever the
+    number of processes and however the sequences were split among them.
+    """
+
+    full_state_update = False
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.add_state("sum", torch.zeros(n), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros(n), dist_reduce_fx="sum")
+
+    def update(self, values: torch.Tensor) -> None:  # (B, T) with T <= n
+        T = values.shape[1]
+        self.sum[:T] += values.to(self.sum.dtype).sum(dim=0)
+        self.count[:T] += values.shape[0]
+
+    def compute(self) -> torch.Tensor:  # (n,); nan at positions never seen
+        return self.sum / self.count
 
 
 def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
@@ -60,9 +85,10 @@ class PositionLoss(AfterValidation):
     def __init__(self, positions: list[int] = [1, 8, 32, 128]):  # noqa: B006 (read only; a list for the YAML)
         """Log the whole validation set's loss at each position of a window, from the evaluation that already runs.
 
-        Position p is the prediction of a window's token p + 1 from its first p tokens. ``GPTLightning``
-        accumulates each position's loss sum and token count while it evaluates the validation set (summed over
-        processes, so exact under DDP); the mean of the per-position losses equals ``loss/val``. After every
+        Position p is the prediction of a window's token p + 1 from its first p tokens. Each validation batch's
+        ``validation_step`` returns every token's loss (``token_losses``, (B, T)); this callback sums them by
+        position as they come (``on_validation_batch_end``) and takes the means over processes at the validation's
+        end (``PositionMeans``: exact under DDP); the mean of the per-position losses equals ``loss/val``. After every
         validation of ``fit``, at the step of its ``loss/val``: the scalars ``loss_by_position/<p>`` for the
         ``positions`` up to the context length (to every logger), and the image ``figures/loss_by_position``
         (to every TensorBoard logger), one line per validation, the unigram floor dotted. No forward pass of its own.
@@ -74,14 +100,32 @@ class PositionLoss(AfterValidation):
         self.floor: float | None = None
         self.reused = ReusedFigure()  # the figure, drawn again after each validation
         self.history: list[dict[str, Any]] = []  # {"step", "epoch", "losses"}; in checkpoints
+        self.means: PositionMeans | None = None  # this validation's sums by position, where the module's tensors are
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ids = getattr(trainer.datamodule, "book_ids", None)
         self.floor = unigram_entropy(ids) if ids is not None else None
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.means = PositionMeans(pl_module.model.cfg.context_length).to(pl_module.device)  # each validation afresh
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if isinstance(outputs, dict) and "token_losses" in outputs:  # the validation set's batches (dataloader 0)
+            self.means.update(outputs["token_losses"])
+
     def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
-        losses = validation.results.get("loss_by_position")
-        if losses is None or not trainer.loggers or not trainer.is_global_zero:
+        if self.means is None or not self.means.update_count:
+            return
+        losses = self.means.compute().cpu()  # on every process: the sums of all processes (a collective)
+        if not trainer.loggers or not trainer.is_global_zero:
             return
         step, losses = validation.step, losses.tolist()
         self.history.append({"step": step, "epoch": validation.epoch, "losses": losses})

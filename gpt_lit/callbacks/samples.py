@@ -5,14 +5,13 @@ from __future__ import annotations
 import lightning as L
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.callbacks.tensorboard_log import is_fresh_start, tensorboard_writers
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
-from gpt_lit.model import GPT, CausalSelfAttention, generate
+from gpt_lit.model import GPT, KVCache, generate
 from gpt_lit.tokenizer import encode, get_tokenizer
 
 
@@ -36,25 +35,23 @@ class LastPositionLogits(nn.Module):
     (copies of it) cannot change that token's output, as attention is causal. The output head, a 256 x 50257
     matrix read whole for every new token, runs on the last positions only (``generate`` reads nothing else).
 
-    Each block's keys and values are kept (a KV cache): when a call's rows are the last call's plus one token
-    each, the blocks run on that token alone, its attention reading the kept keys and values up to its
-    position, instead of on every token again. Any other call (the first, or once ``generate`` crops the
-    rows to the context and every position moves) runs the whole rows and keeps their keys and values.
+    The model's ``KVCache`` keeps each block's keys and values: when a call's rows are the last call's plus one
+    token each, the blocks run on that token alone, at each row's own position. Any other call (the first, or
+    once ``generate`` crops the rows to the context and every position moves) runs the whole rows and keeps
+    their keys and values.
     """
 
     def __init__(self, gpt: GPT):
         super().__init__()
         self.gpt, self.cfg = gpt, gpt.cfg
         self.seen: torch.Tensor | None = None  # (B, T) the last call's rows
-        self.keys: list[torch.Tensor] = []  # per block, (B, n_heads, context_length, head_dim)
-        self.values: list[torch.Tensor] = []  # the same for the values
-        self.lengths: torch.Tensor | None = None  # (B,) tokens of each row in the cache
+        self.cache: KVCache | None = None  # the keys and values of the rows so far; its pos: each row's length
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         seen, self.seen = self.seen, idx
         extends = seen is not None and idx.shape[1] == seen.shape[1] + 1 and torch.equal(idx[:, :-1], seen)
-        if extends and int(self.lengths.max()) < self.cfg.context_length:
-            hidden = self.next_token(idx[:, -1:])  # (B, 1, emb_dim)
+        if extends and int(self.cache.pos.max()) < self.cfg.context_length:
+            hidden = self.gpt.hidden_states(idx[:, -1:], self.cache)  # (B, 1, emb_dim): the new tokens alone
         else:
             hidden = self.whole_rows(idx)  # (B, 1, emb_dim)
         return self.gpt.head(self.gpt.final_norm(hidden))  # (B, 1, vocab_size)
@@ -65,49 +62,10 @@ class LastPositionLogits(nn.Module):
         lengths = (idx != PAD).sum(dim=1)  # (B,) each row's tokens, all at its right end
         cols = (torch.arange(T, device=idx.device) + (T - lengths)[:, None]).clamp(max=T - 1)  # (B, T)
         aligned = idx.gather(1, cols)  # (B, T): each row's tokens from position 0, then its last token repeated
-        self.keys, self.values, self.lengths = [], [], lengths
-        hooks = [blk.attn.register_forward_hook(self.keep) for blk in self.gpt.blocks]
-        try:
-            hidden = self.gpt.hidden_states(aligned)  # (B, T, emb_dim)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        self.cache = KVCache(self.cfg.n_layers)
+        hidden = self.gpt.hidden_states(aligned, self.cache)  # (B, T, emb_dim)
+        self.cache.pos = lengths  # each row's next token goes right after its own last one
         return hidden[torch.arange(B, device=idx.device), lengths - 1][:, None]  # (B, 1, emb_dim)
-
-    def keep(self, attn: CausalSelfAttention, args: tuple, _out: torch.Tensor) -> None:
-        """A forward hook on each block's attention in ``whole_rows``: keep the keys and values of its input."""
-        _, k, v = attn.heads(args[0])  # (B, n_heads, T, head_dim) each
-        shape = (*k.shape[:2], self.cfg.context_length, k.shape[-1])
-        self.keys.append(k.new_zeros(shape).index_copy_(2, torch.arange(k.shape[2], device=k.device), k))
-        self.values.append(v.new_zeros(shape).index_copy_(2, torch.arange(v.shape[2], device=v.device), v))
-
-    def next_token(self, new: torch.Tensor) -> torch.Tensor:
-        """The blocks on each row's one new token (B, 1) at position ``lengths``: its stream, (B, 1, emb_dim)."""
-        gpt, pos = self.gpt, self.lengths  # (B,) the new token's position in each row
-        x = gpt.drop(gpt.tok_emb(new) + gpt.pos_emb(pos)[:, None])  # (B, 1, emb_dim), as hidden_states makes it
-        visible = torch.arange(self.cfg.context_length, device=new.device) <= pos[:, None]  # (B, context_length)
-        rows = torch.arange(len(new), device=new.device)
-        blocks = list(gpt.blocks)
-
-        def cached(i: int):  # replaces block i's attention output: the new token attends to the kept keys
-            def hook(attn: CausalSelfAttention, args: tuple, _out: torch.Tensor) -> torch.Tensor:
-                q, k, v = attn.heads(args[0])  # (B, n_heads, 1, head_dim) each
-                self.keys[i][rows, :, pos] = k[:, :, 0]
-                self.values[i][rows, :, pos] = v[:, :, 0]
-                mask = visible[:, None, None, :]  # (B, 1, 1, context_length): the row's keys up to the token
-                y = F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=mask)  # (B, nh, 1, hd)
-                return attn.proj(y.transpose(1, 2).reshape(*args[0].shape))  # (B, 1, emb_dim)
-
-            return hook
-
-        hooks = [blk.attn.register_forward_hook(cached(i)) for i, blk in enumerate(blocks)]
-        try:
-            x = gpt.blocks(x)  # each block's own norms, feed-forward and residual sums
-        finally:
-            for hook in hooks:
-                hook.remove()
-        self.lengths = pos + 1
-        return x
 
 
 def padded_prompts(prompts: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from gpt_lit.callbacks.block_pass import record_blocks
+from gpt_lit.callbacks.figures import ReusedFigure, add_figure, run_epochs, similarity_figure
 from gpt_lit.callbacks.probe import ValidationProbe
-from gpt_lit.callbacks.tensorboard_log import log_scalars
+from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.model import GPT
 
 
@@ -47,7 +48,7 @@ def similarities(outputs: list[torch.Tensor]) -> list[float]:
 
 
 class PositionSimilarity(ValidationProbe):
-    def __init__(self, num_sequences: int = 4):
+    def __init__(self, num_sequences: int = 4, figure: bool = True):
         """Log the similarity between positions after every block, at the start of training and after every validation.
 
         The mean cosine similarity between the output vectors of different positions of a sequence, over the first
@@ -55,12 +56,17 @@ class PositionSimilarity(ValidationProbe):
         ``similarity/block_1`` ... ``similarity/block_N`` at the output of each block, and ``similarity/positions`` at
         the top of the stack (before the final norm; equal to block_N), the chapter's number: 0.563 with residuals,
         1.000 without (12 blocks, untrained). The values of each validation of ``fit`` share the step of its
-        ``loss/val``; to every logger. Skipped, with one logged line, under strategies that shard the parameters.
+        ``loss/val``; to every logger. With ``figure``, after every validation the image ``figures/similarity_by_block``
+        (to every TensorBoard logger): the similarity against depth, one line per measurement so far (the start
+        included). Skipped, with one logged line, under strategies that shard the parameters.
 
         Args:
             num_sequences: How many validation windows to average over (a fixed batch).
+            figure: Draw the figure too (else the scalars only).
         """
         super().__init__(num_sequences)
+        self.figure = figure
+        self.reused = ReusedFigure()  # the figure, drawn again after each validation
 
     def measure(self, model: GPT, batch: torch.Tensor) -> list[float]:
         """The similarity after each block of ``model`` for the fixed batch."""
@@ -73,3 +79,7 @@ class PositionSimilarity(ValidationProbe):
         metrics = {f"similarity/block_{i}": v for i, v in enumerate(blocks, 1)}
         metrics["similarity/positions"] = blocks[-1]
         log_scalars(trainer, metrics, step)
+        writers = tensorboard_writers(trainer)
+        if self.figure and epoch > 0 and writers:  # after a validation (epoch 0: the start, drawn with the first)
+            fig = similarity_figure(self.history, self.reused, run_epochs(trainer))
+            add_figure(writers, "figures/similarity_by_block", fig, step)

@@ -1,16 +1,17 @@
-"""Speed-ups outside the model's math: the output head fused with the cross-entropy, and CPU memory reuse.
+"""The output head and the cross-entropy, each way written once: ``head_cross_entropy`` (training: fused, one
+softmax gives the loss and its gradient), ``vocab_blocked_token_losses`` (evaluation: every token's loss from
+tiles of logits that stay in the CPU's caches) and ``logits_losses`` (the plain path from whole logits, where the
+other two do not apply: fp16, sharded parameters, ``torch.compile``).
 
-Neither changes a number beyond float rounding; ``GPTLightning`` switches them with ``fused_loss`` and
-``keep_cpu_memory``, and ``tests/test_bench.py`` checks them against the plain computation. The logit lens
-reads its depths through the head with ``vocab_blocked_token_losses``, checked there too.
+The fused ways change no number beyond float rounding; ``GPTLightning`` switches them with ``fused_loss``, and
+``tests/test_bench.py`` checks them against ``F.cross_entropy``. The logit lens reads its depths through the head
+with ``vocab_blocked_token_losses`` too.
 """
 
 from __future__ import annotations
 
-import ctypes
-import sys
-
 import torch
+import torch.nn.functional as F
 
 # Evaluation's tile of logits: ROWS tokens x BLOCK words, 8 MB in fp32, computed, reduced and dropped while in the
 # CPU's last-level cache; the head's BLOCK rows (2 MB at emb_dim 256) are read once per ROWS tokens
@@ -74,35 +75,21 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 
     h: (N, C) final hidden states, weight: (V, C) output head, targets: (N,) token IDs, every one counted
     (there is no ignore_index). With gradients it uses ``_HeadCrossEntropy``; without (evaluation),
-    ``head_token_losses``: tiles of ``chunk`` rows by 2048 words, so a batch of 64 x 128 tokens never holds its
-    1.6 GB of logits at once (equal to float rounding, 1e-6 relative, not to the last bit). Under autocast
+    the mean of ``vocab_blocked_token_losses``: tiles of ``chunk`` rows by 2048 words, so a batch of 64 x 128
+    tokens never holds its 1.6 GB of logits at once (equal to float rounding, 1e-6 relative, not to the last bit;
+    the same bits as the mean of evaluation's per-token losses). Under autocast
     the matmul runs in the autocast dtype (bf16-mixed: bf16) and the softmax in fp32, as ``F.linear``
     followed by ``.float()`` would.
     """
     dtype = autocast_dtype(h)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _HeadCrossEntropy.apply(h, weight, targets, dtype)
-    return head_token_losses(h, weight, targets, chunk)[0]
+    return vocab_blocked_token_losses(h, weight, targets, rows=chunk).mean()
 
 
 def autocast_dtype(h: torch.Tensor) -> torch.dtype:
     """The dtype the head's matmul runs in: the autocast dtype where autocast is on, else ``h``'s."""
     return torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-
-
-@torch.no_grad()
-def head_token_losses(
-    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = ROWS
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For evaluation: the mean cross-entropy of ``head_cross_entropy`` and every token's own loss, (), (N,).
-
-    The losses of ``vocab_blocked_token_losses``, ``chunk`` rows at a time; the mean is theirs. Equal to
-    ``F.cross_entropy(F.linear(h, weight), targets)`` to float rounding (1e-6 relative; tests check), not to the
-    last bit: the log-sum-exp is accumulated block by block. ``loss()`` and ``eval_losses()`` both come here
-    without gradients, so an evaluation's two means are the same to the last bit.
-    """
-    losses = vocab_blocked_token_losses(h, weight, targets, rows=chunk)
-    return losses.mean(), losses
 
 
 @torch.no_grad()
@@ -146,19 +133,9 @@ def row_losses(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, blo
     return top + total.log() - target_logits
 
 
-def keep_freed_memory() -> bool:
-    """Keep freed memory in the process (glibc's malloc) instead of giving it back to the OS at once.
-
-    By default glibc serves every allocation above 32 MB with a fresh ``mmap`` and unmaps it when freed, so
-    each training step page-faults and zero-fills its 411 MB logits again, in the kernel's time
-    (docs/performance.md). Serving them from the heap and never trimming it keeps
-    those pages mapped (the process's memory stays at its peak). Returns False where it does not apply.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
-        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-    except (OSError, AttributeError):
-        return False
+def logits_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain cross-entropy from whole logits (N, V) and targets (N,): the mean, with gradients, and each token's
+    loss, (), (N,). In fp32 whatever the logits' dtype (bf16 under bf16-mixed). The mean is
+    ``F.cross_entropy(logits.float(), targets)`` to the last bit: that is ``nll_loss`` of ``log_softmax``."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+    return F.nll_loss(logp, targets), -logp.gather(1, targets[:, None]).squeeze(1)
