@@ -11,7 +11,8 @@ predict and export without ``--config`` use the checkpoint's run's own config.ya
 ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a Hugging Face
 GPT-2 folder (gpt_lit/export.py). Every checkpoint
 is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
-trusted file that needs more.
+trusted file that needs more. What a command does with its checkpoint is decided once, as the command line is
+parsed: the run plan (gpt_lit/run_plan.py), which the hooks after it only read.
 """
 
 from __future__ import annotations
