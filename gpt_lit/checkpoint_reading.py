@@ -12,6 +12,7 @@ unless the reader trusts it (``--trust_checkpoint true``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import pickle
 import re
@@ -114,21 +115,41 @@ def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], boo
     return ckpt, trusted
 
 
-def check_architecture(path: str, ckpt: dict[str, Any], model: LightningModule) -> None:
+@dataclasses.dataclass(frozen=True)
+class CheckpointContents:
+    """What the checks before a restore need of a checkpoint, kept without its tensors (which would keep the
+    memory-mapped file open for the whole run): read once, by the run plan (gpt_lit/run_plan.py)."""
+
+    config: dict[str, Any]  # the GPTConfig fields in its hyperparameters ({} when it has none)
+    shapes: dict[str, tuple[int, ...]]  # each state_dict tensor's shape
+    data_state: dict[str, Any]  # the data module's state (TimeMachineData.state_dict), {} when it has none
+
+
+def contents_of(ckpt: dict[str, Any], data_key: str) -> CheckpointContents:
+    """The ``CheckpointContents`` of a checkpoint read with ``read_checkpoint``; ``data_key``: the data module's
+    class name, under which Lightning saves its state."""
+    return CheckpointContents(
+        config=_config_fields((ckpt.get("hyper_parameters") or {}).get("config")),
+        shapes={k: tuple(getattr(v, "shape", ())) for k, v in ckpt["state_dict"].items()},
+        data_state=copy.deepcopy(ckpt.get(data_key) or {}),  # a copy: no view into the file
+    )
+
+
+def check_architecture(path: str, contents: CheckpointContents, model: LightningModule) -> None:
     """Raise a GptLitError naming the differing GPTConfig fields and tensor shapes, if there are any."""
     # Which GPTConfig fields differ (dropout does not change the architecture), then which tensors.
-    theirs = _config_fields((ckpt.get("hyper_parameters") or {}).get("config"))
+    theirs = contents.config
     ours = _config_fields(model.hparams.get("config"))
     details = [
         f"{cli_key(k)} is {theirs[k]!r} in the checkpoint but {ours[k]!r} here"
         for k in ours
         if k in theirs and k != "dropout" and theirs[k] != ours[k]
     ]
-    saved, wanted = ckpt["state_dict"], model.state_dict()
+    saved, wanted = contents.shapes, model.state_dict()
     shapes = [
-        f"{k} {list(saved[k].shape)} vs {list(v.shape)}"
+        f"{k} {list(saved[k])} vs {list(v.shape)}"
         for k, v in wanted.items()
-        if k in saved and saved[k].shape != v.shape
+        if k in saved and saved[k] != tuple(v.shape)
     ]
     missing = [k for k in wanted if k not in saved]
     unexpected = [k for k in saved if k not in wanted]

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 from gpt_lit.checkpointing import several_processes
@@ -118,7 +118,9 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         while len(self.queued) > keep:
             self.queued.popleft().result()  # run() never raises: errors are kept in self.error
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
         self.raise_error()
         if several_processes():
             self.wait()
@@ -129,7 +131,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         self.wait(keep=self.max_queued - 1)
         self.submit("save_checkpoint", state, path, storage_options)
 
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
         self.raise_error()
         self.submit("remove_checkpoint", path)
 

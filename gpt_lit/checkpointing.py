@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.fabric.utilities.types import _PATH
+from fsspec.utils import get_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from gpt_lit.errors import GptLitError
 
 NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # disk full, file size limit, quota
+
+
+def is_local(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file on this machine (no ``s3://``-like protocol): fsspec's own protocol check."""
+    return get_protocol(str(path)) == "file"
 
 
 def read_umask() -> int:
@@ -149,8 +153,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.saved_digest: tuple[bytes, tuple[int, int, int, int] | None] | None = None  # the latest save's
         # SHA-256 and its file's identity (file_identity) just after it was written
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        if storage_options is not None or not _is_local_file_protocol(path):
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None or not is_local(path):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote: fsspec's transaction
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +194,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.saved_last = (path, step)
         self.saved_digest = (digest, file_identity(path))
 
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Remove ``path``, unless a save failed since: a ModelCheckpoint removes its previous best or top-k
         file after saving the new one, and under several processes a failed save does not raise at once (see
         ``failed``); the file it would have replaced stays."""

@@ -11,7 +11,8 @@ predict and export without ``--config`` use the checkpoint's run's own config.ya
 ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a Hugging Face
 GPT-2 folder (gpt_lit/export.py). Every checkpoint
 is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
-trusted file that needs more.
+trusted file that needs more. What a command does with its checkpoint is decided once, as the command line is
+parsed: the run plan (gpt_lit/run_plan.py), which the hooks after it only read.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
-from gpt_lit.checkpoint_reading import TRUST_HELP, TRUST_OPTION, check_architecture, read_checkpoint, refusal
+from gpt_lit.checkpoint_reading import TRUST_HELP, check_architecture, refusal
 from gpt_lit.checkpoint_thread import BackgroundCheckpointIO
 from gpt_lit.checkpointing import AtomicCheckpointIO
 from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
@@ -50,24 +51,10 @@ from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line,
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
-from gpt_lit.runs import (
-    LIGHTNING_CKPT_NAMES,
-    PROG,
-    checkpoints_dirpath,
-    continue_run,
-    latest_checkpoint,
-    log_beside_run,
-    runs_folder,
-    with_run_config,
-)
+from gpt_lit.run_plan import RunPlan, make_plan
+from gpt_lit.runs import PROG, continue_run, log_beside_run, with_run_config
 from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
 from gpt_lit.tokenizer import vocab_size
-
-# The arguments of the command being parsed (main() sets them), to say where a bad key or value came from.
-_COMMAND_LINE: list[str] = []
-# The --ckpt_path given, for the refusal of one only Lightning reads (a URL, hpc, registry)
-_CKPT_PATH: str | None = None
-
 
 # The model's keys that come from the data (linked): (the data's key, the model's key).
 LINKS = (("data.context_length", "model.config.context_length"), ("data.tokenizer", "model.config.vocab_size"))
@@ -97,10 +84,23 @@ class GPTLitParser(LightningArgumentParser):
     """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage,
     naming the YAML file and line, or the command-line option, it came from."""
 
+    def __init__(self, *args: Any, command_line: Sequence[str] = (), **kwargs: Any) -> None:
+        """``command_line``: the arguments being parsed, to say where a bad key or value came from."""
+        super().__init__(*args, **kwargs)
+        self.command_line = list(command_line)
+
+    def add_method_arguments(self, *args: Any, **kwargs: Any) -> list[str]:
+        """A subcommand's arguments (Trainer.fit's, ...); with ``--ckpt_path`` among them, the model learns from it
+        that a checkpoint gives every weight (GPTLightning's ``weights_from_checkpoint``, linked)."""
+        added = super().add_method_arguments(*args, **kwargs)
+        if "ckpt_path" in added and "model.weights_from_checkpoint" in self.get_defaults():
+            self.link_arguments("ckpt_path", "model.weights_from_checkpoint", compute_fn=bool)
+        return added
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
             super().error(message, ex)
-        source = where_from(one_line(message), with_shipped_configs(_COMMAND_LINE))  # a config named, as its file
+        source = where_from(one_line(message), with_shipped_configs(self.command_line))  # a config named, as its file
         if " is not valid YAML: " in source or " is not a config: " in source:
             fail(source)
         fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")
@@ -122,9 +122,21 @@ def check_writable(trainer: Trainer) -> None:
 
 
 class GPTLitCLI(LightningCLI):
+    """LightningCLI over GPTLightning and TimeMachineData: the run plan (gpt_lit/run_plan.py) made as the command
+    line is parsed, read by the hooks after it; Ctrl-C and SIGTERM in a subcommand end with how to resume."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args")
+        self.command_line = tuple(sys.argv[1:] if given is None else given if isinstance(given, list) else ())
+        self.plan: RunPlan | None = None
+        self.last_checkpoint: LastCheckpoint | None = None  # fit's, made in instantiate_trainer
         quiet_console()
-        super().__init__(*args, **kwargs)
+        try:  # LightningCLI runs the subcommand inside its __init__: its stops are caught around it
+            super().__init__(*args, **kwargs)
+        except SystemExit as e:  # Lightning ends Ctrl-C with sys.exit(1) and SIGTERM with a SIGTERMException
+            self.stopped(e)
+        except pickle.UnpicklingError as e:  # weights_only refused a checkpoint that Lightning, not the plan, read
+            raise GptLitError(refusal((self.plan and self.plan.given) or "--ckpt_path", e)) from None
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -135,6 +147,8 @@ class GPTLitCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
         kwargs.setdefault("prog", PROG)
+        if issubclass(self.parser_class, GPTLitParser):
+            kwargs.setdefault("command_line", self.command_line)
         parser = self.parser_class(**kwargs)
         names = ", ".join(shipped_configs())
         parser.add_argument(
@@ -152,6 +166,18 @@ class GPTLitCLI(LightningCLI):
             self.config = parser.parse_args(args)
         else:
             super().parse_arguments(parser, args)
+        # The plan, once: the checkpoint resolved, read (a missing, broken or refused file fails now) and trusted
+        # or not; every hook after this reads it.
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else None
+        self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
+        if config is not None:
+            config.trust_checkpoint = False  # given per command, not recorded in config.yaml
+            # LightningCLI (checked: 2.6.6) loads a ckpt_path's hyperparameters over the parsed config between
+            # parse_arguments and before_instantiate_classes, silently overriding --model.* options (and reading
+            # the file once more, as code where needed). Here the config decides and the plan has read the file:
+            # that step finds no ckpt_path, which before_instantiate_classes gives back, resolved.
+            config.ckpt_path = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The model's position table and vocabulary come from the data, so the two can never disagree.
@@ -160,47 +186,24 @@ class GPTLitCLI(LightningCLI):
         parser.link_arguments(tokenizer, tokenizer_target, compute_fn=vocab_size)
         parser.add_argument("--trust_checkpoint", type=bool, default=False, help=TRUST_HELP)
 
-    def _parse_ckpt_path(self) -> None:
-        # Lightning's version loads the checkpoint's hyperparameters over the parsed config, which silently
-        # overrides --model.* options (max_new_tokens, temperature, the architecture). Here the config decides;
-        # the checkpoint is only read, so a missing or broken file fails now, and one that does not fit the
-        # configured model fails in before_<subcommand>.
-        # Every checkpoint is loaded as data (checkpoint_reading.py): read here with weights_only=True, so one that
-        # would run code is refused before any of it runs, and restored by Lightning with weights_only=True too,
-        # unless --trust_checkpoint and the file needs it. Lightning's own --weights_only stays parseable (every
-        # run's config.yaml has `weights_only: null`) but is not a second switch.
-        global _CKPT_PATH
-        self.checkpoint: dict[str, Any] | None = None
-        subcommand = self.config.get("subcommand")
-        if not subcommand:
-            return
-        config = self.config[subcommand]
-        trust, config.trust_checkpoint = bool(config.get("trust_checkpoint")), False  # per command, not in config.yaml
-        if config.get("weights_only") is False:
-            raise GptLitError(f"--weights_only false: to load a checkpoint you trust as code, use {TRUST_OPTION}")
-        self.weights_only = not trust  # what Lightning's restore gets (True unless trusted and needed)
-        path = _CKPT_PATH = config.get("ckpt_path")
-        if path in ("last", "best"):  # in a new process: the latest run of this config's name
-            path = latest_checkpoint(runs_folder(config.trainer), path, trust, checkpoints_dirpath(config.trainer))
-            config.ckpt_path = path
-        if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
-            self.checkpoint, needed_trust = read_checkpoint(path, trust)
-            self.weights_only = not needed_trust
-
     def before_instantiate_classes(self) -> None:
-        if self.subcommand in ("test", "predict"):
-            log_beside_run(self.config[self.subcommand], self.subcommand)
-        if self.subcommand == "fit":
-            continue_run(self.config["fit"])
+        plan = self.plan
+        if plan is None or not plan.subcommand:
+            return
+        config = self.config[plan.subcommand]
+        config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
+        if plan.subcommand in ("test", "predict"):
+            log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
+        if plan.subcommand == "fit":
+            continue_run(config, plan.run)
         # model.init_from is fetched (a hub name downloaded, or its one error line) before the model is built: the
         # random initialisation of GPT-2 124M alone takes seconds, wasted when the download fails. Process 0 only,
         # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
-        config = self.config[self.subcommand] if self.subcommand else None
-        if config and config.get("model.init_from") and not config.get("ckpt_path") and rank_zero_only.rank == 0:
+        if config.get("model.init_from") and not plan.weights_from_checkpoint and rank_zero_only.rank == 0:
             fetch(config.get("model.init_from"))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        config = self._get(self.config_init, "trainer", default={})
+        config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
         if self.subcommand != "fit" or config.get("enable_checkpointing") is False:
@@ -208,8 +211,13 @@ class GPTLitCLI(LightningCLI):
             # them no ModelCheckpoint reloads its state from the checkpoint and warns that its dirpath changed.
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
             kwargs["enable_checkpointing"] = False
+            self.last_checkpoint = None
         else:
-            callbacks.append(LastCheckpoint())  # last.ckpt, whatever checkpoint callbacks the config lists
+            self.last_checkpoint = LastCheckpoint()  # last.ckpt, whatever checkpoint callbacks the config lists
+        # Always on, whatever the config: stop at a NaN loss, naming last.ckpt as the last good file.
+        callbacks.append(FiniteLoss(self.last_checkpoint))
+        if self.last_checkpoint is not None:
+            callbacks.append(self.last_checkpoint)
         # Atomic saves on a thread beside training, whatever --trainer.plugins the user gives (unless it is a
         # CheckpointIO of their own); AsyncCheckpointIO without a CheckpointIO to wrap wraps the atomic one.
         plugins = config.get("plugins") or []
@@ -224,48 +232,48 @@ class GPTLitCLI(LightningCLI):
         use_quiet_progress_bar(trainer)
         return trainer
 
-    def _check_inputs(self) -> None:
-        self._check_checkpoint()
+    def check_checkpoint(self) -> None:
+        """Before a subcommand runs: the plan's checkpoint fits the configured model (and, for ``fit``, the data's
+        order of windows); Lightning's restore loads it as the plan says (``weights_only``)."""
+        plan = self.plan
+        assert plan is not None and plan.subcommand is not None
+        if plan.contents is not None and plan.ckpt_path:
+            check_architecture(plan.ckpt_path, plan.contents, self.model)
+            if plan.subcommand == "fit":  # a mid-epoch resume that would reorder the epoch: before anything is written
+                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path)
+        self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
+
+    def before_run(self) -> None:
+        """``before_fit``, ``before_validate``, ``before_test``, ``before_predict``: the checkpoint checked, the log
+        folder writable, and a resume's CSV logs read before Lightning's CSVLogger deletes them."""
+        self.check_checkpoint()
         check_writable(self.trainer)
-        if self.subcommand == "fit" and self.config["fit"].get("ckpt_path"):  # a resume: keep the CSV's old rows
-            for callback in self.trainer.callbacks:
-                if isinstance(callback, LastCheckpoint):
-                    callback.read_csv_logs(self.trainer)
+        if self.plan is not None and self.plan.resumes and self.last_checkpoint is not None:
+            self.last_checkpoint.read_csv_logs(self.trainer)
 
     def before_export(self) -> None:
-        self._check_checkpoint()  # nothing is logged: export writes only to --out
+        self.check_checkpoint()  # nothing is logged: export writes only to --out
 
-    def _check_checkpoint(self) -> None:
-        # With a checkpoint, its weights replace model.init_from's: a run's config.yaml keeps init_from, and
-        # test/predict/resume on it must neither download nor need the released weights again.
-        self.model.weights_from_checkpoint = bool(self.config[self.subcommand].get("ckpt_path"))
-        if self.checkpoint is not None:
-            check_architecture(self.config[self.subcommand].ckpt_path, self.checkpoint, self.model)
-            if self.subcommand == "fit":  # a mid-epoch resume that would reorder the epoch: before anything is written
-                data_state = self.checkpoint.get(type(self.datamodule).__qualname__, {})
-                self.datamodule.check_resume(data_state, self.config[self.subcommand].ckpt_path)
-            self.checkpoint = None  # Lightning loads it again itself
-        self.config_init[self.subcommand].weights_only = self.weights_only  # passed to Trainer.<subcommand>
+    before_fit = before_validate = before_test = before_predict = before_run
 
-    before_fit = before_validate = before_test = before_predict = _check_inputs
+    def stopped(self, error: SystemExit) -> NoReturn:
+        """Ctrl-C or SIGTERM stopped the subcommand: one ``error:`` line saying how to resume, and 130 or 143.
+        Any other SystemExit (a parse error, ``--help``) goes on as it is."""
+        trainer = getattr(self, "trainer", None)  # None before the trainer is made
+        if trainer is None or trainer.state.status != TrainerStatus.INTERRUPTED:
+            raise error
+        # LastCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
+        last = self.last_checkpoint
+        by = last.stopped_by if last else "SIGTERM" if isinstance(error, SIGTERMException) else "Ctrl-C"
+        if rank_zero_only.rank == 0:
+            print(f"error: {self.subcommand} stopped by {by}{self.how_to_resume()}", file=sys.stderr)
+        sys.exit(143 if by == "SIGTERM" else 130)
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        try:
-            super()._run_subcommand(subcommand)
-        except SystemExit as e:  # Lightning ends Ctrl-C with sys.exit(1) and SIGTERM with a SIGTERMException
-            if self.trainer.state.status != TrainerStatus.INTERRUPTED:
-                raise
-            # LastCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
-            stoppers = [cb.stopped_by for cb in self.trainer.callbacks if isinstance(cb, LastCheckpoint)]
-            by = stoppers[0] if stoppers else "SIGTERM" if isinstance(e, SIGTERMException) else "Ctrl-C"
-            if rank_zero_only.rank == 0:
-                print(f"error: {subcommand} stopped by {by}{self._how_to_resume()}", file=sys.stderr)
-            sys.exit(143 if by == "SIGTERM" else 130)
-
-    def _how_to_resume(self) -> str:
+    def how_to_resume(self) -> str:
+        """The end of the stop's message: the command that resumes the run."""
         # From what LastCheckpoint read at setup: trainer.log_dir is a broadcast, and after a stop another process
         # may have ended already.
-        last = next((cb for cb in self.trainer.callbacks if isinstance(cb, LastCheckpoint)), None)
+        last = self.last_checkpoint
         if last is None or not last.saved_path:
             return "; no checkpoint was saved yet: start it again"
         config = os.path.join(last.log_dir or "", "config.yaml")
@@ -284,8 +292,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
     configuration is read) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
     then a line saying what was running, status 1.
     """
-    global _COMMAND_LINE
-    _COMMAND_LINE = list(sys.argv[1:] if args is None else args)
+    command_line = list(sys.argv[1:] if args is None else args)
     try:
         return GPTLitCLI(
             GPTLightning,
@@ -294,14 +301,12 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             args=args,
             parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
-            # Always on, whatever the config: stop at a NaN loss, exact resumes (and LastCheckpoint, in fit).
-            trainer_defaults={"callbacks": [FiniteLoss(), RNGState(), *extra_callbacks]},
+            # Always on, whatever the config: exact resumes (FiniteLoss, LastCheckpoint: instantiate_trainer).
+            trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate, run and export the GPT of 'The transformer block'."},
         )
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
-    except pickle.UnpicklingError as e:  # weights_only refused a checkpoint that Lightning, not the CLI, reads
-        fail(refusal(_CKPT_PATH or "--ckpt_path", e))
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
         if rank_zero_only.rank == 0:
             print("error: interrupted", file=sys.stderr)
@@ -310,7 +315,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         if isinstance(e, (ValueError, TypeError)) and about_the_configuration(e):
             fail(e)
         traceback.print_exc()
-        command = " ".join(["python -m gpt_lit", *_COMMAND_LINE])
+        command = " ".join(["python -m gpt_lit", *command_line])
         print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
         sys.exit(1)
 

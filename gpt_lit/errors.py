@@ -56,5 +56,6 @@ def about_the_configuration(e: BaseException) -> bool:
     the objects (GPTConfig's checks), or raised by Lightning itself checking its settings while running."""
     frames = traceback.extract_tb(e.__traceback__)
     names = {frame.name for frame in frames}
-    configuring = "_run_subcommand" not in names and bool(names & {"parse_arguments", "instantiate_classes"})
+    running = names & {"fit", "validate", "test", "predict", "export"}  # the Trainer method of the subcommand
+    configuring = not running and bool(names & {"parse_arguments", "instantiate_classes"})
     return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename

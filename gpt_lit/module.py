@@ -43,6 +43,7 @@ class GPTLightning(L.LightningModule):
         temperature: float = 0.0,
         top_k: int | None = None,
         init_from: str | None = None,
+        weights_from_checkpoint: bool = False,
     ):
         """The chapter's GPT trained for next-token prediction with cross-entropy and AdamW.
 
@@ -85,14 +86,17 @@ class GPTLightning(L.LightningModule):
                 folder in Hugging Face's layout (config.json + model.safetensors or pytorch_model.bin).
                 model.config must match its config.json; data.context_length may be shorter (the first rows
                 of the position table are kept). A --ckpt_path is restored over these weights.
+            weights_from_checkpoint: A checkpoint gives every weight, so ``init_from``'s are neither fetched nor
+                loaded (a run's config.yaml keeps init_from; resuming or testing it needs no download). The CLI
+                links it to ``--ckpt_path``; not a hyperparameter.
         """
         super().__init__()
         if lr <= 0 or weight_decay < 0 or max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k <= 0):
             raise GptLitError("model.lr must be > 0; weight_decay, max_new_tokens, temperature >= 0; top_k > 0 or null")
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["weights_from_checkpoint"])
         self.model = GPT(config)
         self.pretrained_loaded = False  # init_from's weights are copied in once, by setup()
-        self.weights_from_checkpoint = False  # the CLI sets it when a --ckpt_path gives every weight anyway
+        self.weights_from_checkpoint = weights_from_checkpoint
         if compile:
             self.model.compile()  # in place: the state_dict keys stay model.*
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.

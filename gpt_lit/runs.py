@@ -115,33 +115,33 @@ def best_of(last: Path, run: Path, trust: bool) -> str:
     return str(last.parent / Path(best[0]).name)
 
 
-def log_beside_run(config: Namespace, subcommand: str) -> None:
+def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, run: Path | None) -> None:
     """Where ``test`` and ``predict`` write. ``config`` is the parsed configuration of ``test`` or ``predict``
-    (the CLI's ``config[subcommand]``).
+    (the CLI's ``config[subcommand]``); ``ckpt_path`` the checkpoint, in the folder ``run`` (``run_of``).
 
     ``test`` on ``<run>/checkpoints/X.ckpt``: the config's logger goes to ``<run>/test/X/``, so TensorBoard shows
     the test loss beside the run. ``predict`` logs nothing (TensorBoard would list an empty run); its folder,
     ``<run>/predict/X/`` for a run's checkpoint and the next ``version_N`` of the config's runs otherwise, becomes
     the trainer's ``default_root_dir``, where ContinuationWriter saves ``continuations.txt``.
     """
-    run = run_of(config.get("ckpt_path"))
     logger = config.trainer.get("logger")
     init = logger.get("init_args") if isinstance(logger, Namespace) else None
     if subcommand == "predict":
-        folder = run / "predict" / Path(config.ckpt_path).stem if run else next_run(config.trainer)
+        folder = run / "predict" / Path(ckpt_path).stem if run and ckpt_path else next_run(config.trainer)
         config.trainer.logger = False
         if folder is not None:
             config.trainer.default_root_dir = str(folder)
-    elif run and init is not None and "save_dir" in init:
+    elif run and ckpt_path and init is not None and "save_dir" in init:
         init.save_dir, init.name = str(run), subcommand
-        init.version = Path(config.ckpt_path).stem
+        init.version = Path(ckpt_path).stem
 
 
-def continue_run(config: Namespace) -> None:
+def continue_run(config: Namespace, run: Path | None) -> None:
     """``fit --ckpt_path <run>/checkpoints/X.ckpt`` with several loggers: each goes on logging in the run's folder
     (its version, where the config leaves it to the logger), as the first logger's ``version`` given on the command
-    line does for one logger (a command line cannot give a version to each logger of a list)."""
-    run, logger = run_of(config.get("ckpt_path")), config.trainer.get("logger")
+    line does for one logger (a command line cannot give a version to each logger of a list). ``run``: the
+    checkpoint's run folder (``run_of``)."""
+    logger = config.trainer.get("logger")
     if run is None or not isinstance(logger, list) or runs_folder(config.trainer) != run.parent:
         return
     version = version_number(run)

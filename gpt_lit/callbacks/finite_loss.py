@@ -20,6 +20,14 @@ class FiniteLoss(Callback):
     The GPT CLI adds this callback to every run.
     """
 
+    def __init__(self, last_checkpoint: LastCheckpoint | None = None) -> None:
+        """
+        Args:
+            last_checkpoint: The run's ``LastCheckpoint``, whose file the message names as the last good one
+                (the CLI gives it in ``fit``); without it, the trainer's ModelCheckpoint's latest or best file.
+        """
+        self.last_checkpoint = last_checkpoint
+
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         losses = loss.detach().float().reshape(1)
         if trainer.world_size > 1:
@@ -32,7 +40,7 @@ class FiniteLoss(Callback):
         wait = getattr(trainer.strategy.checkpoint_io, "wait", None)  # saves still being written in the background
         if wait is not None:  # (BackgroundCheckpointIO): the message names the files as they will stay
             wait()
-        last = next((cb.saved_path for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
+        last = self.last_checkpoint.saved_path if self.last_checkpoint is not None else None
         ckpt = trainer.checkpoint_callback  # without LastCheckpoint: a ModelCheckpoint's files
         last = last or (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "") if ckpt else "")
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
