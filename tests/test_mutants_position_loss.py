@@ -30,6 +30,7 @@ def by_hand(values: list[float]) -> tuple[list[float], list[float]]:
 
 
 def test_the_figure_shows_each_validations_positions_faint_its_octaves_bold_and_the_floor():
+    from gpt_lit.callbacks.figures import epoch_colour
     from gpt_lit.callbacks.position_loss import position_figure
 
     history = [{"step": 4, "epoch": 1, "losses": losses(0.5)}, {"step": 8, "epoch": 2, "losses": losses(0.0)}]
@@ -44,8 +45,9 @@ def test_the_figure_shows_each_validations_positions_faint_its_octaves_bold_and_
         assert faint.get_alpha() < 1 and faint.get_linewidth() < bold.get_linewidth()
         centres, means = by_hand(point["losses"])
         assert bold.get_xdata() == pytest.approx(centres) and bold.get_ydata() == pytest.approx(means)
-        assert bold.get_marker() == "o" and faint.get_color() == bold.get_color()
-    assert drawn[0].get_color() != drawn[2].get_color()  # one colour per epoch
+        assert bold.get_marker() == "o" and bold.get_markersize() == 4
+        assert faint.get_color() == bold.get_color() == epoch_colour(point["epoch"], 3)  # on the run's 3 epochs' scale
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["0", "1", "2"]  # the colour bar: epochs 0-2
     assert list(floor.get_ydata()) == [4.25, 4.25] and floor.get_linestyle() == ":"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["unigram floor 4.250"]
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
@@ -55,6 +57,8 @@ def test_the_figure_shows_each_validations_positions_faint_its_octaves_bold_and_
     assert ax.get_title() == "Validation loss at each position (faint) and per octave of positions"
     assert ax.get_xlabel() == "position: tokens of context seen (log scale)"
     assert ax.get_ylabel() == "validation loss (nats)"
+    long = position_figure([{"step": 1, "epoch": 1, "losses": [1.0] * 1024}], None).axes[0]
+    assert list(long.get_xticks()) == [2**k for k in range(11)]  # every power of 2 up to the context length
 
 
 def test_octave_means_of_one_and_of_three_positions():
@@ -113,6 +117,11 @@ def test_after_a_validation_each_chosen_positions_loss_and_the_figure_reach_tens
     assert np.array_equal(images[0][1], drawing(history[:1]))
     assert np.array_equal(images[1][1], drawing(history))
     assert callback.state_dict() == {"history": history}  # what a checkpoint keeps
+    import lightning as L
+
+    quiet = PositionLoss()
+    quiet.after_validation(L.Trainer(logger=False), None, Validation(5, 1.0, {"loss_by_position": torch.tensor(first)}))
+    assert quiet.state_dict() == {"history": []}  # a run without a logger keeps nothing to draw
 
 
 def test_a_resumed_runs_figure_keeps_the_validations_before_the_checkpoint(tmp_path):
