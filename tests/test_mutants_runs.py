@@ -222,3 +222,53 @@ def test_two_monitors_each_with_its_best_are_named(tmp_path):
         f"(ModelCheckpoint{{'monitor': 'loss/val'}}: /r/a.ckpt; ModelCheckpoint{{'monitor': 'loss/train'}}: none yet); "
         f"give the one you want as --ckpt_path <its path>"
     )
+
+
+class Opaque:
+    """An object a checkpoint holds that only a trusted load reads (a pickled class, not data)."""
+
+
+def test_a_url_is_never_a_local_run_and_the_default_logger_is_left_alone(tmp_path, monkeypatch):
+    make_run(tmp_path / "s3:" / "bucket")  # what "s3://bucket/checkpoints/last.ckpt" would be as a local path
+    monkeypatch.chdir(tmp_path)
+    assert run_of("s3://bucket/checkpoints/last.ckpt") is None
+    ckpt = make_run(tmp_path / "lightning_logs" / "version_0")
+    config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=True))
+    log_beside_run(config, "test")
+    assert config.trainer.logger is True
+    config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=[logger(tmp_path, name="lightning_logs")] * 2))
+    continue_run(config)
+    assert [each.init_args.version for each in config.trainer.logger] == [0, 0]  # version_0 is version 0
+
+
+def test_two_named_configs_are_ambiguous_without_unnamed_ones(tmp_path):
+    base = tmp_path / "lightning_logs"
+    for name in ("plain", "residual"):
+        (base / name / "version_0").mkdir(parents=True)
+    with pytest.raises(GptLitError) as error:
+        newest_config_runs(base, "last")
+    assert "holds the runs of 2 configs (plain, residual); say whose" in str(error.value)
+
+
+def test_best_and_a_trusted_checkpoint_without_config(tmp_path, monkeypatch):
+    run = tmp_path / "lightning_logs" / "version_0"
+    make_run(run)
+    (run / "checkpoints" / "best-epoch01.ckpt").write_bytes(b"x")
+    torch.save({"state_dict": {}, "opaque": Opaque(), "callbacks": {
+        "ModelCheckpoint{'monitor': 'loss/val'}": checkpoint_state("/r/best-epoch01.ckpt")}},
+        run / "checkpoints" / "last.ckpt")  # fmt: skip
+    best = str(run / "checkpoints" / "best-epoch01.ckpt")
+    assert best_of(run / "checkpoints" / "last.ckpt", run, True) == best
+    with pytest.raises(GptLitError):
+        best_of(run / "checkpoints" / "last.ckpt", run, False)  # not data: refused without trust
+    monkeypatch.chdir(tmp_path)
+    for trust in ("true", "True"):
+        args = ["test", "--ckpt_path=best", "--trust_checkpoint", trust]
+        assert with_run_config(args) == ["test", "--config", "lightning_logs/version_0/config.yaml",
+                                         "--ckpt_path=lightning_logs/version_0/checkpoints/best-epoch01.ckpt",
+                                         "--trust_checkpoint", trust]  # fmt: skip
+    with pytest.raises(GptLitError):
+        with_run_config(["test", "--ckpt_path", "best", "--trust_checkpoint", "false"])
+    torch.save({"state_dict": {}}, run / "checkpoints" / "last.ckpt")  # no callbacks saved at all
+    with pytest.raises(GptLitError, match="keeps no best checkpoint"):
+        best_of(run / "checkpoints" / "last.ckpt", run, False)
