@@ -269,6 +269,9 @@ def test_best_and_a_trusted_checkpoint_without_config(tmp_path, monkeypatch):
                                          "--trust_checkpoint", trust]  # fmt: skip
     with pytest.raises(GptLitError):
         with_run_config(["test", "--ckpt_path", "best", "--trust_checkpoint", "false"])
+    with pytest.raises(GptLitError, match=r"^--ckpt_path last: no run in "):
+        with_run_config(["test", "--ckpt_path", "last", "--trust_checkpoint", "true", "--trainer.default_root_dir",
+                         str(tmp_path / "empty")])  # fmt: skip
     torch.save({"state_dict": {}}, run / "checkpoints" / "last.ckpt")  # no callbacks saved at all
     with pytest.raises(GptLitError, match="keeps no best checkpoint"):
         best_of(run / "checkpoints" / "last.ckpt", run, False)
