@@ -1,0 +1,115 @@
+"""AttentionMaps' pieces without a training run: the heads' image, the tokens' labels, the figure's texts, and what
+the callback logs after a validation (scalars and images), each checked against values written out here. In
+milliseconds to seconds, so that mutation testing (docs/testing.md) runs these for every mutant of
+gpt_lit/callbacks/attention.py."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gpt_lit.callbacks.attention import (
+    AttentionFigure,
+    AttentionMaps,
+    attention_figure,
+    attention_title,
+    attention_when,
+    heads_image,
+    token_labels,
+)
+
+NAN = math.nan
+
+
+def causal_weights(n_heads: int, T: int, seed: int = 0) -> torch.Tensor:
+    """(n_heads, T, T) rows that sum to 1 over the keys up to each query, 0 after it."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(n_heads, T, T, generator=g).masked_fill(torch.ones(T, T).triu(1).bool(), -math.inf)
+    return torch.softmax(scores, dim=-1)
+
+
+def test_the_heads_image_puts_heads_side_by_side_white_above_the_diagonal_and_between_heads():
+    weights = torch.tensor([[[1.0, 0.0], [0.25, 0.75]], [[1.0, 0.0], [0.5, 0.5]]])
+    expected = np.array([[1.0, NAN, NAN, NAN, 1.0, NAN], [0.25, 0.75, NAN, NAN, 0.5, 0.5]])
+    np.testing.assert_array_equal(heads_image(weights), expected)  # NaN where NaN
+    np.testing.assert_array_equal(heads_image(weights, gap=1), np.delete(expected, 2, axis=1))
+
+
+def test_when_the_weights_were_measured_and_the_title():
+    assert attention_when(0) == "at the start"
+    assert attention_when(0.0, 4) == "at the start"
+    assert attention_when(3) == "after epoch 2"
+    assert attention_when(1.0, 7) == "after epoch 0"
+    assert attention_when(2.5, 17) == "epoch 2, step 17"
+    assert attention_when(2.5) == "epoch 2"
+    assert attention_title(3) == "Block 3: where each token (row) looks among the tokens up to it (columns)"
+
+
+def test_token_labels_show_line_breaks_and_at_most_12_characters():
+    # GPT-2's tokens: "The", " Time", " Trave", "ller", "\n", " said", " administration"
+    assert token_labels([464, 3862, 43662, 6051, 198, 531, 3662]) == [
+        "The", " Time", " Trave", "ller", "↵", " said", " administrat"
+    ]
+
+
+def test_the_figure_shows_every_head_the_tokens_and_when():
+    weights, labels = causal_weights(2, 3), ["a", "b", "c"]
+    fig = attention_figure(weights, labels, block=2, epoch=1.5)
+    ax = fig.axes[0]
+    [shown] = ax.images
+    np.testing.assert_array_equal(shown.get_array().filled(NAN), heads_image(weights))
+    assert shown.get_clim() == (0.0, 1.0)
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["head 1", *labels, "head 2", *labels, *labels]  # above each head, below it, left of the rows
+    assert [t.get_text() for t in fig.texts] == [attention_title(2), "epoch 1"]
+    assert fig.axes[1].get_ylabel() == "attention weight"
+
+
+def tensorboard_trainer(tmp_path):
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(str(tmp_path), name="run", version=0)
+    return L.Trainer(logger=logger, max_epochs=3, enable_progress_bar=False, enable_model_summary=False), logger
+
+
+def test_after_a_validation_each_blocks_entropy_and_image_reach_tensorboard(tmp_path):
+    from gpt_lit.callbacks.figures import figure_pixels
+
+    trainer, logger = tensorboard_trainer(tmp_path)
+    probe = AttentionMaps(num_tokens=4)
+    probe.batch = torch.tensor([[464, 3862, 43662, 6051, 198, 531]])  # the fixed batch, as fit's start picks it
+    probe.prepare(trainer)
+    moments = [(0, 0.0), (6, 1.0), (9, 1.5)]  # the start, after epoch 0, mid epoch 1
+    sentences = {step: [causal_weights(2, 4, seed=step + b) for b in range(3)] for step, _ in moments}
+    for step, epoch in moments:
+        probe.record(trainer, None, step, epoch, (sentences[step], [0.5 + step, 1.5 + step, 2.5 + step]))
+    logger.experiment.flush()
+    acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == [f"attention/entropy/block_{b}" for b in (1, 2, 3)]
+    labels = ["The", " Time", " Trave", "ller"]
+    for b in (1, 2, 3):
+        got = [(e.step, e.value) for e in acc.Scalars(f"attention/entropy/block_{b}")]
+        assert got == [(step, pytest.approx(b - 0.5 + step)) for step, _ in moments]
+        images = acc.Images(f"attention/block_{b}")
+        assert [e.step for e in images] == [step for step, _ in moments]
+        for event, (step, epoch) in zip(images, moments, strict=True):
+            pixels = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)))
+            full = figure_pixels(attention_figure(sentences[step][b - 1], labels, block=b, epoch=epoch))
+            if epoch == 1.5:  # "epoch 1, step 9": the step, which attention_figure's own text leaves out
+                full = AttentionFigure(sentences[step][0], labels).pixels(sentences[step][b - 1], b, epoch, step)
+            assert np.array_equal(pixels, full), (b, step)
+
+
+def test_the_labels_follow_the_batch_of_each_fit(tmp_path):
+    trainer, _ = tensorboard_trainer(tmp_path)
+    probe = AttentionMaps(num_tokens=2)
+    for ids, labels in (([464, 3862, 43662], ["The", " Time"]), ([198, 531], ["↵", " said"])):
+        probe.batch = torch.tensor([ids])
+        probe.prepare(trainer)
+        assert probe.labels == labels
