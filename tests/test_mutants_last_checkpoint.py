@@ -138,12 +138,14 @@ def test_a_validation_within_the_epoch_makes_the_step_before_it_no_resume_point(
 @pytest.mark.parametrize("signum, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_a_stop_finishes_the_step_under_way_saves_and_says_what_stopped_it(tmp_path, capfd, signum, name):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         callback = LastCheckpoint()
         with pytest.raises(SIGTERMException):
             fit(tmp_path, callback, Signal(step=5, signum=signum))
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, sigterm)
     assert state(tmp_path / "checkpoints" / "last.ckpt") == (6, 1, 2)
     assert callback.stopped_by == name and callback.saved_path == str(tmp_path / "checkpoints" / "last.ckpt")
     said = CTRL_C_MESSAGE in capfd.readouterr().err
