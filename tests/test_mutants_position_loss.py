@@ -89,6 +89,18 @@ def image(acc: EventAccumulator, tag: str) -> list[tuple[int, np.ndarray]]:
     return [(e.step, np.asarray(Image.open(io.BytesIO(e.encoded_image_string)))) for e in acc.Images(tag)]
 
 
+def validated(callback, trainer, step: int, epoch: float, values: list[float] | None) -> None:
+    """One validation as Lightning runs it for the callback: its start, the validation step's per-token losses of
+    one sequence (``values``; None: no batch of the validation set), then the instruments' moment after it."""
+    from gpt_lit.callbacks.after_validation import Validation
+
+    module = SimpleNamespace(model=SimpleNamespace(cfg=SimpleNamespace(context_length=N)), device=torch.device("cpu"))
+    callback.on_validation_start(trainer, module)
+    if values is not None:
+        callback.on_validation_batch_end(trainer, module, {"token_losses": torch.tensor([values])}, None, 0)
+    callback.after_validation(trainer, module, Validation(step, epoch, {}))
+
+
 def drawing(history, floor=None, last=3) -> np.ndarray:
     from gpt_lit.callbacks.figures import figure_pixels
     from gpt_lit.callbacks.position_loss import position_figure
@@ -97,15 +109,14 @@ def drawing(history, floor=None, last=3) -> np.ndarray:
 
 
 def test_after_a_validation_each_chosen_positions_loss_and_the_figure_reach_tensorboard(tmp_path):
-    from gpt_lit.callbacks.after_validation import Validation
     from gpt_lit.callbacks.position_loss import PositionLoss
 
     trainer, logger = tensorboard_trainer(tmp_path)
     callback = PositionLoss(positions=[0, 1, 4, N, N + 1])  # 0 and N + 1: no such position
     first, second = losses(0.5), losses(0.0)
-    callback.after_validation(trainer, None, Validation(5, 1.0, {"loss_by_position": torch.tensor(first)}))
-    callback.after_validation(trainer, None, Validation(9, 1.5, {}))  # no per-position losses: nothing logged
-    callback.after_validation(trainer, None, Validation(11, 2.0, {"loss_by_position": torch.tensor(second)}))
+    validated(callback, trainer, 5, 1.0, first)
+    validated(callback, trainer, 9, 1.5, None)  # no per-position losses: nothing logged
+    validated(callback, trainer, 11, 2.0, second)
     acc = events(logger)
     assert sorted(acc.Tags()["scalars"]) == ["loss_by_position/1", "loss_by_position/20", "loss_by_position/4"]
     for p in (1, 4, N):
@@ -120,19 +131,18 @@ def test_after_a_validation_each_chosen_positions_loss_and_the_figure_reach_tens
     import lightning as L
 
     quiet = PositionLoss()
-    quiet.after_validation(L.Trainer(logger=False), None, Validation(5, 1.0, {"loss_by_position": torch.tensor(first)}))
+    validated(quiet, L.Trainer(logger=False), 5, 1.0, first)
     assert quiet.state_dict() == {"history": []}  # a run without a logger keeps nothing to draw
 
 
 def test_a_resumed_runs_figure_keeps_the_validations_before_the_checkpoint(tmp_path):
-    from gpt_lit.callbacks.after_validation import Validation
     from gpt_lit.callbacks.position_loss import PositionLoss
 
     earlier = [{"step": 5, "epoch": 1.0, "losses": losses(0.5)}]
     callback = PositionLoss()
     callback.load_state_dict({"history": earlier})
     trainer, logger = tensorboard_trainer(tmp_path)
-    callback.after_validation(trainer, None, Validation(11, 2.0, {"loss_by_position": torch.tensor(losses(0.0))}))
+    validated(callback, trainer, 11, 2.0, losses(0.0))
     [(step, pixels)] = image(events(logger), "figures/loss_by_position")
     assert step == 11
     assert np.array_equal(pixels, drawing([*earlier, {"step": 11, "epoch": 2.0, "losses": losses(0.0)}]))
@@ -142,7 +152,6 @@ def test_a_resumed_runs_figure_keeps_the_validations_before_the_checkpoint(tmp_p
 
 
 def test_the_floor_is_the_unigram_entropy_of_the_book_and_none_without_one(tmp_path):
-    from gpt_lit.callbacks.after_validation import Validation
     from gpt_lit.callbacks.position_loss import PositionLoss
 
     ids = torch.tensor([7, 7, 7, 3, 3, 9, 7, 3])  # frequencies 4/8, 3/8, 1/8
@@ -151,7 +160,7 @@ def test_the_floor_is_the_unigram_entropy_of_the_book_and_none_without_one(tmp_p
         callback = PositionLoss()
         callback.on_fit_start(SimpleNamespace(datamodule=datamodule), None)
         trainer, logger = tensorboard_trainer(tmp_path / str(floor))
-        callback.after_validation(trainer, None, Validation(3, 1.0, {"loss_by_position": torch.tensor(losses(0.0))}))
+        validated(callback, trainer, 3, 1.0, losses(0.0))
         [(_, pixels)] = image(events(logger), "figures/loss_by_position")
         expected = drawing([{"step": 3, "epoch": 1.0, "losses": losses(0.0)}], floor=floor)
         assert np.array_equal(pixels, expected), floor

@@ -66,12 +66,12 @@ def test_the_next_run_is_the_loggers_version_or_the_next_number(tmp_path):
 def test_test_logs_into_the_run_and_predict_writes_beside_it(tmp_path):
     ckpt = make_run(tmp_path / "tiny" / "version_3", ckpt="best-epoch01.ckpt")
     config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=logger(tmp_path)))
-    log_beside_run(config, "test")
+    log_beside_run(config, "test", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.logger.init_args == Namespace(
         save_dir=str(tmp_path / "tiny" / "version_3"), name="test", version="best-epoch01"
     )
     config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=logger(tmp_path), default_root_dir=None))
-    log_beside_run(config, "predict")
+    log_beside_run(config, "predict", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.logger is False
     assert config.trainer.default_root_dir == str(tmp_path / "tiny" / "version_3" / "predict" / "best-epoch01")
 
@@ -80,18 +80,19 @@ def test_outside_a_run_test_logs_as_configured_and_predict_writes_into_the_next_
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "tiny" / "version_0").mkdir(parents=True)
     config = Namespace(ckpt_path=str(tmp_path / "elsewhere" / "x.ckpt"), trainer=Namespace(logger=logger(tmp_path)))
-    log_beside_run(config, "test")
+    log_beside_run(config, "test", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.logger == logger(tmp_path)
     config = Namespace(ckpt_path=None, trainer=Namespace(logger=logger(tmp_path), default_root_dir=None))
-    log_beside_run(config, "predict")
+    log_beside_run(config, "predict", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.logger is False and config.trainer.default_root_dir == str(tmp_path / "tiny" / "version_1")
     wandb = Namespace(class_path="x.WandbLogger", init_args=Namespace(project="p"))
     config = Namespace(ckpt_path=None, trainer=Namespace(logger=wandb, default_root_dir="kept"))
-    log_beside_run(config, "predict")
+    log_beside_run(config, "predict", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.default_root_dir == "kept"
     ckpt = make_run(tmp_path / "tiny" / "version_2")
     config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=wandb))
-    log_beside_run(config, "test")  # a logger without a save_dir logs where it logs
+    # a logger without a save_dir logs where it logs
+    log_beside_run(config, "test", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.logger == Namespace(class_path="x.WandbLogger", init_args=Namespace(project="p"))
 
 
@@ -99,11 +100,11 @@ def test_a_resumed_runs_loggers_all_go_on_in_its_folder(tmp_path):
     ckpt = make_run(tmp_path / "tiny" / "version_2")
     loggers = [logger(tmp_path), logger(tmp_path, kind="CSVLogger"), logger(tmp_path, version="set")]
     config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=loggers))
-    continue_run(config)
+    continue_run(config, run_of(config.ckpt_path))
     assert [each.init_args.version for each in config.trainer.logger] == [2, 2, "set"]
     named = make_run(tmp_path / "tiny" / "mine")
     config = Namespace(ckpt_path=str(named), trainer=Namespace(logger=[logger(tmp_path), logger(tmp_path)]))
-    continue_run(config)
+    continue_run(config, run_of(config.ckpt_path))
     assert [each.init_args.version for each in config.trainer.logger] == ["mine", "mine"]
     for other in (
         Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=[logger(tmp_path, name="another")])),  # not its runs
@@ -111,7 +112,7 @@ def test_a_resumed_runs_loggers_all_go_on_in_its_folder(tmp_path):
         Namespace(ckpt_path="last", trainer=Namespace(logger=[logger(tmp_path)])),
     ):
         before = other.clone()
-        continue_run(other)
+        continue_run(other, run_of(other.ckpt_path))
         assert other == before
 
 
@@ -234,10 +235,10 @@ def test_a_url_is_never_a_local_run_and_the_default_logger_is_left_alone(tmp_pat
     assert run_of("s3://bucket/checkpoints/last.ckpt") is None
     ckpt = make_run(tmp_path / "lightning_logs" / "version_0")
     config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=True))
-    log_beside_run(config, "test")
+    log_beside_run(config, "test", config.ckpt_path, run_of(config.ckpt_path))
     assert config.trainer.logger is True
     config = Namespace(ckpt_path=str(ckpt), trainer=Namespace(logger=[logger(tmp_path, name="lightning_logs")] * 2))
-    continue_run(config)
+    continue_run(config, run_of(config.ckpt_path))
     assert [each.init_args.version for each in config.trainer.logger] == [0, 0]  # version_0 is version 0
 
 
