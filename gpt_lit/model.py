@@ -218,25 +218,24 @@ class GPT(nn.Module):
         position 0 whose keys and values are kept; after, ``idx`` (B, 1) is each row's next token, at position
         ``pos`` (below context_length), and ``pos`` moves on by one. The numbers are those of the pass without a cache.
         """
-        if cache is not None and cache.pos is not None:
-            pos = cache.pos  # (B,) each row's position of its new token
-            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos)[:, None])  # (B, 1, emb_dim)
-            for blk, layer in zip(self.blocks, cache.layers, strict=True):
-                x = blk(x, layer)
-            cache.pos = pos + 1
-            return x  # (B, 1, emb_dim)
-        B, T = idx.shape
-        if T > self.cfg.context_length:
-            raise ValueError(
-                f"sequence of {T} tokens is longer than context_length={self.cfg.context_length}, the "
-                f"position table's size; crop it to the last {self.cfg.context_length} tokens"
-            )
-        pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, emb_dim)
+        stepping = cache is not None and cache.pos is not None  # one new token per row, at cache.pos
+        if stepping:
+            pos = cache.pos[:, None]  # (B, 1) each row's position of its new token
+        else:
+            B, T = idx.shape
+            if T > self.cfg.context_length:
+                raise ValueError(
+                    f"sequence of {T} tokens is longer than context_length={self.cfg.context_length}, the "
+                    f"position table's size; crop it to the last {self.cfg.context_length} tokens"
+                )
+            pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, emb_dim); (B, 1, emb_dim) when stepping
         if cache is None:
             return self.blocks(x)  # (B, T, emb_dim)
         for blk, layer in zip(self.blocks, cache.layers, strict=True):
             x = blk(x, layer)
+        if stepping:
+            cache.pos = cache.pos + 1
         return x  # (B, T, emb_dim)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) token IDs -> (B, T, vocab_size) logits
