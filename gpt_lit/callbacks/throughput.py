@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import lightning as L
@@ -30,6 +31,14 @@ def matmul_dtype(precision: str) -> torch.dtype:
     return torch.float64 if precision.startswith("64") else torch.float32
 
 
+@functools.cache
+def measured_peak(device: torch.device, dtype: torch.dtype, threads: int) -> float:
+    """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3: measured
+    once per process for each (the machine's rate is the same for the next run in a notebook or a test session,
+    and a measurement takes ~0.2 s with 2 threads, ~0.8 s with one)."""
+    return matmul_peak(device, dtype, reps=3)
+
+
 class Throughput(ThroughputMonitor):
     def __init__(self, window_size: int = 5, every_parameter: bool = False):
         """Log tokens per second and MFU of training and of evaluation: Lightning's ``ThroughputMonitor``, with
@@ -44,8 +53,8 @@ class Throughput(ThroughputMonitor):
 
         MFU = FLOPs per token x tokens/s / peak: training 6 N + 12 n_layers T emb_dim per token, evaluation
         2 N + 4 n_layers T emb_dim (gpt_lit/flops.py), over the rate of a 2048 x 2048 ``torch.mm`` in the
-        precision's matmul dtype (the median of 3, as ``scripts/bench.py`` measures it), measured once when the run
-        starts.
+        precision's matmul dtype (the median of 3, as ``scripts/bench.py`` measures it), measured when the first run
+        of the process starts (``measured_peak``).
 
         Args:
             window_size: Steps (or evaluation batches) each rate is averaged over; at least 2.
@@ -69,7 +78,8 @@ class Throughput(ThroughputMonitor):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.peak is None:
-            self.peak = matmul_peak(trainer.strategy.root_device, matmul_dtype(str(trainer.precision)), reps=3)
+            device, dtype = trainer.strategy.root_device, matmul_dtype(str(trainer.precision))
+            self.peak = measured_peak(device, dtype, torch.get_num_threads())
         super().setup(trainer, pl_module, stage)
 
     def count(self, pl_module: L.LightningModule, batch: Any, training: bool) -> None:
