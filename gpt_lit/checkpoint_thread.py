@@ -89,7 +89,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         super().__init__(checkpoint_io)
         self.max_queued = max_queued
         self.worker: ThreadPoolExecutor | None = None
-        self.queued: deque[Future] = deque()  # saves and deletions asked and not yet seen done
+        self.queued: deque[tuple[Future, bool]] = deque()  # (saves and deletions asked and not yet seen done, a save?)
         self.error: BaseException | None = None  # the first failed save or deletion
         self.reported = False  # whether ``error`` was raised on the training thread
 
@@ -105,7 +105,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     def submit(self, method: str, *args: Any, **kwargs: Any) -> None:
         if self.worker is None:
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self.queued.append(self.worker.submit(self.run, method, *args, **kwargs))
+        self.queued.append((self.worker.submit(self.run, method, *args, **kwargs), method == "save_checkpoint"))
 
     def raise_error(self) -> None:
         """Raise the error of a failed save; every time for a save or a deletion asked after it."""
@@ -114,9 +114,11 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             raise self.error
 
     def wait(self, keep: int = 0) -> None:
-        """Wait until at most ``keep`` saves or deletions are queued."""
-        while len(self.queued) > keep:
-            self.queued.popleft().result()  # run() never raises: errors are kept in self.error
+        """Wait until at most ``keep`` saves are waiting or under way (``keep`` 0: until every save and deletion is
+        done). A deletion holds no copy of the state: ModelCheckpoint's deletion of the previous best file, queued
+        after the new best, does not make the epoch's ``last.ckpt`` wait for the best file's write."""
+        while self.queued and (keep == 0 or sum(save and not f.done() for f, save in self.queued) > keep):
+            self.queued.popleft()[0].result()  # run() never raises: errors are kept in self.error
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None

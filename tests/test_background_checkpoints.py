@@ -80,6 +80,31 @@ def test_after_a_failed_save_nothing_is_written_or_deleted_and_the_error_is_rais
     io.teardown()  # Lightning tears down again in its error handling: raised once is enough
 
 
+def test_the_epochs_last_ckpt_does_not_wait_for_the_best_files_write(tmp_path):
+    # At an epoch's end ModelCheckpoint saves the new best file and deletes the previous one; then LastCheckpoint
+    # saves last.ckpt. A deletion holds no copy of the state: with two saves allowed in flight, the save of
+    # last.ckpt returns while the best file is still being written, and training goes on.
+    gate = Gate()
+    io = BackgroundCheckpointIO(gate)  # max_queued=2
+    gate.open.set()
+    io.save_checkpoint({"global_step": 2, "w": torch.ones(10)}, tmp_path / "best-epoch00.ckpt")
+    io.wait()
+    gate.open.clear()
+    state = {"global_step": 4, "w": torch.zeros(10)}
+    io.save_checkpoint(state, tmp_path / "best-epoch01.ckpt")
+    io.remove_checkpoint(tmp_path / "best-epoch00.ckpt")
+    returned = threading.Event()
+    threading.Thread(target=lambda: (io.save_checkpoint(state, tmp_path / "last.ckpt"), returned.set())).start()
+    try:
+        assert returned.wait(timeout=10), "the save of last.ckpt waited for the best file's write"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["best-epoch00.ckpt"]  # nothing written yet
+    finally:
+        gate.open.set()
+    returned.wait(timeout=30)
+    io.teardown()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-epoch01.ckpt", "last.ckpt"]
+
+
 def test_a_save_asked_after_a_failure_raises_it(tmp_path):
     gate = Gate(fail=("a.ckpt",))
     io = BackgroundCheckpointIO(gate)
