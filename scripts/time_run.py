@@ -6,8 +6,12 @@
 
 It runs ``python -m gpt_lit fit --config CONFIG [options]`` in this process (progress bar off; logs and
 checkpoints in a temporary folder unless ``--keep``), with one more callback that counts the tokens the run
-trained on and evaluated. Before and after the run it measures the fp32 matmul peak as ``scripts/bench.py``
-does (2048 x 2048 ``torch.mm``; the median of 10). The run's FLOPs are counted as in ``bench.py``:
+trained on and evaluated. It measures the fp32 matmul peak as ``scripts/bench.py`` does (2048 x 2048
+``torch.mm``) before the run (the median of 10), before each evaluation (the median of 3; the epoch's checkpoint
+writes, which a thread makes beside training, have ended by then) and after the run
+(the median of 10), and divides by their mean: a shared machine's rate moves during a run (126 GFLOP/s before
+and 186 after the same 10-epoch run was seen), and the run's matmuls ran at the rates in between. The time the
+measurements take is not counted in ``wall_s`` (nor in a part below). The run's FLOPs are counted as in ``bench.py``:
 6 N + 12 n_layers T emb_dim per training token, 2 N + 4 n_layers T emb_dim per evaluated token, with N
 counted both ways (every parameter; matmul weights only). Not counted, so the ratio errs high: the
 diagnostics' extra passes (a forward pass per epoch for the position similarity, gradient norms) and the
@@ -111,6 +115,21 @@ class Phases(Callback):
         self.eval_s += time.perf_counter() - self._t0
 
 
+class PeakDuringRun(Callback):
+    """The fp32 matmul peak measured before each evaluation of fit, and the time the measurements took."""
+
+    def __init__(self):
+        self.peaks: list[float] = []
+        self.spent = 0.0
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        t0 = time.perf_counter()
+        self.peaks.append(matmul_peak(reps=3))
+        self.spent += time.perf_counter() - t0
+
+
 def matmul_peak(reps: int = 10) -> float:
     """FLOP/s of bench.py's 2048 x 2048 fp32 ``torch.mm`` on the CPU: the median of ``reps``, after one warm-up."""
     return peak_of("cpu", torch.float32, 2048, reps)
@@ -124,18 +143,21 @@ def main() -> None:
     sys.argv = sys.argv[:1]  # the fit options go to the CLI as ``args``; LightningCLI warns if argv has them too
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
+    t0 = time.perf_counter()
     peak_before = matmul_peak()
-    counter, phases = TokenCount(), Phases()
+    measuring_before = time.perf_counter() - t0
+    counter, phases, during = TokenCount(), Phases(), PeakDuringRun()
     with tempfile.TemporaryDirectory() as tmp:
         where = [] if args.keep else ["--trainer.logger.init_args.save_dir", tmp]
         cli = gpt_lit_main(
             ["fit", "--config", args.config, "--trainer.enable_progress_bar", "false", *where, *fit_options],
-            extra_callbacks=[counter, phases],
+            extra_callbacks=[counter, phases, during],
         )
         end = time.perf_counter()
-        wall = end - START
+        wall = end - START - measuring_before - during.spent
     peak_after = matmul_peak()
-    peak = (peak_before + peak_after) / 2
+    peaks = [peak_before, *during.peaks, peak_after]
+    peak = sum(peaks) / len(peaks)
 
     model, T = cli.model.model, counter.seq_len
     cfg = model.cfg
@@ -146,9 +168,11 @@ def main() -> None:
         "train_tokens": counter.train_tokens,
         "eval_tokens": counter.eval_tokens,
         "wall_s": wall,
-        "fit_s": counter.fit_s,
+        "fit_s": counter.fit_s - during.spent,
         "peak_fp32_gflops_before": peak_before / 1e9,
         "peak_fp32_gflops_after": peak_after / 1e9,
+        "peak_fp32_gflops_range": f"{min(peaks) / 1e9:.4g}-{max(peaks) / 1e9:.4g}",
+        "peak_fp32_gflops_mean": peak / 1e9,
     }
     for suffix, n in (("", count_params(model)), ("_matmul_only", matmul_params(cfg))):
         flops = counter.train_tokens * train_flops_per_token(cfg, T, n) + counter.eval_tokens * eval_flops_per_token(
@@ -162,12 +186,16 @@ def main() -> None:
             out[name] = cli.trainer.callback_metrics[name].item()
     train_matmul = counter.train_tokens * train_flops_per_token(cfg, T) / peak
     parts = {
-        "start": phases.train_start - START,
+        "start": phases.train_start - START - measuring_before,
         "train_matmul": train_matmul,
         "train_rest": phases.train_s - train_matmul,
         "eval": phases.eval_s,
         "checkpoints": phases.save_s,
-        "diagnostics": (phases.train_end - phases.train_start) - phases.train_s - phases.eval_s - phases.save_s,
+        "diagnostics": (phases.train_end - phases.train_start)
+        - phases.train_s
+        - phases.eval_s
+        - phases.save_s
+        - during.spent,
         "end": end - phases.train_end - (phases.save_s - phases.saved_by_end),
     }
     for part, seconds in parts.items():

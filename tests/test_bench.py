@@ -279,6 +279,7 @@ def test_time_run_counts_the_runs_tokens_and_flops(book_path, capsys, monkeypatc
     )
     assert float(figures["flops"]) == pytest.approx(flops, rel=1e-3)
     assert float(figures["flops_over_peak_s"]) == pytest.approx(flops / 5e8, rel=1e-3)
+    assert float(figures["peak_fp32_gflops_mean"]) == 0.5  # before, before the epoch's evaluation, after
     assert float(figures["wall_vs_flops"]) == pytest.approx(
         float(figures["wall_s"]) / float(figures["flops_over_peak_s"]), rel=1e-2
     )
