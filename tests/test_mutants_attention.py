@@ -113,3 +113,70 @@ def test_the_labels_follow_the_batch_of_each_fit(tmp_path):
         probe.batch = torch.tensor([ids])
         probe.prepare(trainer)
         assert probe.labels == labels
+
+
+def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_the_image():
+    """What a reader sees of the layout, measured on the drawn figure in pixels: square cells; each head's title
+    centred over its head; each key's label under its column, upright text reading bottom to top; each query's
+    label left of its row; the colour bar right of the image, as tall, from 0 to 1; nothing cut off or on the
+    weights."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    # AttentionMaps' default: 24 tokens (a sentence of the validation text); 2 heads, the narrowest figure of a run
+    # (with fewer tokens the title is wider than the figure and cut off at its right edge)
+    labels = ["The", " Time", " Trave", "ller", " said", ",", " \"", "I", " saw", " it", " myself"] * 2 + ["↵", "-", "."]
+    n_heads, T = 2, len(labels)
+    fig = attention_figure(causal_weights(n_heads, T), labels, block=2, epoch=3)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax, cax = fig.axes
+    image = ax.get_window_extent(renderer)  # pixels, from the bottom left
+    columns = n_heads * (T + 2) - 2
+    cell_w, cell_h = image.width / columns, image.height / T
+    assert cell_w == pytest.approx(cell_h, abs=0.01) and cell_w >= 10  # square cells, large enough to see
+    figure = fig.bbox
+    texts = [t for t in ax.texts + fig.texts]
+    assert len(ax.texts) == n_heads + n_heads * T + T
+    for text in texts:  # nothing cut off by the figure's edges
+        box = text.get_window_extent(renderer)
+        assert figure.x0 <= box.x0 and box.x1 <= figure.x1 and figure.y0 <= box.y0 and box.y1 <= figure.y1, text
+    heads = [t for t in ax.texts if t.get_text().startswith("head ")]
+    assert [t.get_text() for t in heads] == [f"head {h + 1}" for h in range(n_heads)]
+    for h, text in enumerate(heads):
+        box = text.get_window_extent(renderer)
+        centre = image.x0 + (h * (T + 2) + T / 2) * cell_w
+        assert box.y0 >= image.y1 and abs((box.x0 + box.x1) / 2 - centre) <= 1.5, h  # over its head, centred
+    keys = [t for t in ax.texts if t.get_rotation() == 90]
+    assert [t.get_text() for t in keys] == labels * n_heads  # under every head, in order
+    for i, text in enumerate(keys):
+        h, j = divmod(i, T)
+        box = text.get_window_extent(renderer)
+        centre = image.x0 + (h * (T + 2) + j + 0.5) * cell_w
+        assert box.y1 <= image.y0 and abs((box.x0 + box.x1) / 2 - centre) <= 1.5, text.get_text()
+        assert box.y1 >= image.y0 - cell_h  # right under the image
+        assert box.width < cell_w  # upright: a label fits its column
+    queries = [t for t in ax.texts if t.get_rotation() == 0 and not t.get_text().startswith("head ")]
+    assert [t.get_text() for t in queries] == labels
+    for j, text in enumerate(queries):
+        box = text.get_window_extent(renderer)
+        centre = image.y1 - (j + 0.5) * cell_h  # row j from the top
+        assert box.x1 <= image.x0 and box.x1 >= image.x0 - cell_w and abs((box.y0 + box.y1) / 2 - centre) <= 1.5
+    for text in keys + queries:
+        assert text.get_fontsize() < fig.texts[0].get_fontsize()  # the tokens small, the title large
+    bar = cax.get_window_extent(renderer)
+    assert image.x1 < bar.x0 and bar.x1 <= figure.x1 and bar.width >= 5
+    assert (bar.y0, bar.y1) == pytest.approx((image.y0, image.y1), abs=1)  # as tall as the image
+    assert cax.get_ylim() == (0.0, 1.0) and cax.get_ylabel() == "attention weight"
+    title, when = fig.texts
+    assert title.get_text() == attention_title(2) and when.get_text() == attention_when(3)
+    t, w = title.get_window_extent(renderer), when.get_window_extent(renderer)
+    assert t.y0 >= image.y1 and w.y0 >= image.y1 and t.x1 < w.x0  # over the image, side by side
+    assert abs(w.x1 - image.x1) <= 1.5  # "after epoch 2" ends where the image ends
+    # The weights' colours: viridis from 0 to 1 (the colour bar's scale); the first query sees only itself: 1.0.
+    rgb = np.asarray(canvas.buffer_rgba())[..., :3]
+    height = canvas.get_width_height()[1]
+    row0 = round(height - image.y1 + cell_h / 2)
+    col0 = round(image.x0 + cell_w / 2)
+    assert np.abs(rgb[row0, col0] / 255 - np.array(colormaps["viridis"](1.0)[:3])).max() < 0.01
