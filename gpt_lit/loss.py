@@ -137,10 +137,12 @@ def row_losses(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, blo
     log_sum_exp = torch.full((n,), -torch.inf, device=h.device)  # log sum_j exp(logit_j) over the blocks so far
     target_logits = torch.zeros(n, device=h.device)
     for start in range(0, len(weight), block):
-        logits = (h @ weight[start : start + block].T).float()  # (n, block)
+        words = weight[start : start + block]  # the last block has the rest: 1105 words of GPT-2's vocabulary
+        logits = (h @ padded(words).T).float()  # (n, a multiple of PAD columns): rows aligned, as in training
+        logits[:, len(words) :] = -torch.inf  # the padding's columns count for nothing
         local = targets - start
-        inside = (local >= 0) & (local < logits.shape[1])
-        picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None]).squeeze(1)
+        inside = (local >= 0) & (local < len(words))
+        picked = logits.gather(1, local.clamp(0, len(words) - 1)[:, None]).squeeze(1)
         target_logits = torch.where(inside, picked, target_logits)
         # The block's log sum exp, from one fused log_softmax: its largest entry is -log sum_j exp(logit_j - max).
         # (Faster than max, subtract, exp and sum one after another: ~1.1 ms against ~1.8 ms a 1024 x 2048 tile.)

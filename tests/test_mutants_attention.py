@@ -125,7 +125,8 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
 
     # AttentionMaps' default: 24 tokens (a sentence of the validation text); 2 heads, the narrowest figure of a run
     # (with fewer tokens the title is wider than the figure and cut off at its right edge)
-    labels = ["The", " Time", " Trave", "ller", " said", ",", " \"", "I", " saw", " it", " myself"] * 2 + ["↵", "-", "."]
+    sentence = ["The", " Time", " Trave", "ller", " said", ",", " \"", "I", " saw", " it", " myself"]
+    labels = sentence * 2 + ["↵", "-", "."]
     n_heads, T = 2, len(labels)
     fig = attention_figure(causal_weights(n_heads, T), labels, block=2, epoch=3)
     canvas = FigureCanvasAgg(fig)
