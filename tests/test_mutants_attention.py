@@ -138,6 +138,7 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     cell_w, cell_h = image.width / columns, image.height / T
     assert cell_w == pytest.approx(cell_h, abs=0.01) and cell_w >= 10  # square cells, large enough to see
     figure = fig.bbox
+    assert figure.height - image.height <= 200 and figure.width - image.width <= 250  # room for the labels, no more
     texts = [t for t in ax.texts + fig.texts]
     assert len(ax.texts) == n_heads + n_heads * T + T
     for text in texts:  # nothing cut off by the figure's edges
@@ -149,6 +150,7 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
         box = text.get_window_extent(renderer)
         centre = image.x0 + (h * (T + 2) + T / 2) * cell_w
         assert box.y0 >= image.y1 and abs((box.x0 + box.x1) / 2 - centre) <= 1.5, h  # over its head, centred
+        assert box.y0 <= image.y1 + cell_h  # right over it
     keys = [t for t in ax.texts if t.get_rotation() == 90]
     assert [t.get_text() for t in keys] == labels * n_heads  # under every head, in order
     for i, text in enumerate(keys):
@@ -156,7 +158,7 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
         box = text.get_window_extent(renderer)
         centre = image.x0 + (h * (T + 2) + j + 0.5) * cell_w
         assert box.y1 <= image.y0 and abs((box.x0 + box.x1) / 2 - centre) <= 1.5, text.get_text()
-        assert box.y1 >= image.y0 - cell_h  # right under the image
+        assert box.y1 >= image.y0 - cell_h / 2  # right under the image
         assert box.width < cell_w  # upright: a label fits its column
     queries = [t for t in ax.texts if t.get_rotation() == 0 and not t.get_text().startswith("head ")]
     assert [t.get_text() for t in queries] == labels
@@ -181,3 +183,15 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     row0 = round(height - image.y1 + cell_h / 2)
     col0 = round(image.x0 + cell_w / 2)
     assert np.abs(rgb[row0, col0] / 255 - np.array(colormaps["viridis"](1.0)[:3])).max() < 0.01
+
+
+def test_a_validation_within_an_epoch_is_drawn_with_its_step():
+    # val_check_interval 0.5: the validation in the middle of epoch 1, at step 7, reads "epoch 1, step 7"
+    from gpt_lit.callbacks.figures import figure_pixels
+
+    labels = [f" w{i}" for i in range(24)]
+    weights = causal_weights(2, 24)
+    full = attention_figure(weights, labels, block=1, epoch=1.5)
+    full.texts[1].set_text(attention_when(1.5, 7))
+    assert full.texts[1].get_text() == "epoch 1, step 7"
+    assert np.array_equal(AttentionFigure(weights, labels).pixels(weights, 1, 1.5, 7), figure_pixels(full))
