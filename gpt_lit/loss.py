@@ -124,25 +124,28 @@ def vocab_blocked_token_losses(
     """
     dtype = autocast_dtype(h)
     h_c, w_c = h.to(dtype), weight.to(dtype)
+    # Each block of words as (its first word, its number of words, its rows padded to a multiple of PAD: rows of
+    # logits aligned, as in training); only the last block (1105 of GPT-2's words) is copied, once for all rows.
+    starts = range(0, len(w_c), block)
+    blocks = [(start, len(w_c[start : start + block]), padded(w_c[start : start + block])) for start in starts]
     losses = torch.empty(len(h), device=h.device)
     for i in range(0, len(h), rows):
-        losses[i : i + rows] = row_losses(h_c[i : i + rows], w_c, targets[i : i + rows], block)
+        losses[i : i + rows] = row_losses(h_c[i : i + rows], blocks, targets[i : i + rows])
     return losses
 
 
-def row_losses(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, block: int) -> torch.Tensor:
-    """``vocab_blocked_token_losses`` of a few rows: (n, C), (V, C), (n,) -> (n,), h and weight in the matmul's
-    dtype."""
+def row_losses(h: torch.Tensor, blocks: list[tuple[int, int, torch.Tensor]], targets: torch.Tensor) -> torch.Tensor:
+    """``vocab_blocked_token_losses`` of a few rows: (n, C) in the matmul's dtype, the head's blocks of words as
+    ``vocab_blocked_token_losses`` makes them, (n,) targets -> (n,)."""
     n = len(h)
     log_sum_exp = torch.full((n,), -torch.inf, device=h.device)  # log sum_j exp(logit_j) over the blocks so far
     target_logits = torch.zeros(n, device=h.device)
-    for start in range(0, len(weight), block):
-        words = weight[start : start + block]  # the last block has the rest: 1105 words of GPT-2's vocabulary
-        logits = (h @ padded(words).T).float()  # (n, a multiple of PAD columns): rows aligned, as in training
-        logits[:, len(words) :] = -torch.inf  # the padding's columns count for nothing
+    for start, n_words, words in blocks:
+        logits = (h @ words.T).float()  # (n, a multiple of PAD columns)
+        logits[:, n_words:] = -torch.inf  # the padding's columns count for nothing
         local = targets - start
-        inside = (local >= 0) & (local < len(words))
-        picked = logits.gather(1, local.clamp(0, len(words) - 1)[:, None]).squeeze(1)
+        inside = (local >= 0) & (local < n_words)
+        picked = logits.gather(1, local.clamp(0, n_words - 1)[:, None]).squeeze(1)
         target_logits = torch.where(inside, picked, target_logits)
         # The block's log sum exp, from one fused log_softmax: its largest entry is -log sum_j exp(logit_j - max).
         # (Faster than max, subtract, exp and sum one after another: ~1.1 ms against ~1.8 ms a 1024 x 2048 tile.)
