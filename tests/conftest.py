@@ -205,10 +205,10 @@ if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     GROUPS["test_fault_matrix"] = "test_fault_matrix"
 # Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded;
 # `--durations=0` under xdist, summed per group).
-SECONDS = {"test_ddp": 60, "test_resume_windows": 55, "tiny_run": 75, "test_fault_matrix": 44, "chapter": 30,
+SECONDS = {"test_ddp": 64, "test_resume_windows": 12, "tiny_run": 75, "test_fault_matrix": 44, "chapter": 30,
            "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
            "test_safe_checkpoints": 11,
-           # test_ddp: 42 s, on two processes, so it counts more and goes first, while the other worker has much to do
+           # test_ddp: ~50 s, on two processes, so it counts more and goes first, while the other worker has much to do
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
            "tests/test_mac.py::test_fit_with_two_spawned_workers_trains_on_the_same_batches": 14,

@@ -4,10 +4,11 @@ The book cut as the shipped config cuts it, a window every 128 tokens, and a tin
 317 training and 37 validation windows, so two processes get 19 and 18 validation windows. ONE pair of
 processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
 <step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test` and `predict`
-on the checkpoint it left. Lightning starts process 1 itself, by running the same script again, as it does for
-`python -m gpt_lit`. Each step's stdout, stderr and exit status, per process, are kept; the tests read them and
-the run folder. To check something more on two processes, add a step to ``STEPS`` and a test that reads
-``ddp.step(name)``. The one-process references run in this process (``main``).
+on the checkpoint it left, SIGTERM to either process, tests/test_resume_windows.py's run resumed mid-epoch (a
+one-process run made here first), and a full disk. Lightning starts process 1 itself, by running the same script
+again, as it does for `python -m gpt_lit`. Each step's stdout, stderr and exit status, per process, are kept; the
+tests read them and the run folder. To check something more on two processes, add a step to ``STEPS`` and a test
+that reads ``ddp.step(name)``. The one-process references run in this process (``main``).
 """
 
 import json
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, residual_without_throughput, run_session, scalars
+from test_resume_windows import WINDOWS, Uninterrupted, epoch_order, epoch_windows, uninterrupted_run
 
 from gpt_lit.cli import main
 
@@ -123,18 +125,36 @@ STEPS = [
     ("predict", ["predict", *LAST, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *DDP]),
     sigterm(1),
     sigterm(0),
-    # Process 0's disk fills in epoch 1: its saves at that epoch's end fail, the new best's first (the limit stays:
-    # the last step).
-    ("full_disk", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", "--data.eval_train", "false",
+]  # fmt: skip
+# Process 0's disk fills in epoch 1: its saves at that epoch's end fail, the new best's first (the limit stays: the
+# last step, after STEPS and the resumes of ``resume_steps``).
+FULL_DISK = (
+    "full_disk", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", "--data.eval_train", "false",
                    "--trainer.limit_val_batches", "1", "--trainer.callbacks", "[]",  # the best file's and last.ckpt's
                    f"--trainer.callbacks+={SHIPPED_BEST}", "--trainer.logger.init_args.name", "full_disk",
-                   DISK_FULL_AT_STEP_3]),
-]  # fmt: skip
+                   DISK_FULL_AT_STEP_3],
+)  # fmt: skip
+
+
+def resume_steps(run: Uninterrupted) -> list[tuple[str, list[str]]]:
+    """tests/test_resume_windows.py's run resumed from its step-3 checkpoint on two processes, and a batch size no
+    process can fill; ``RecordWindows`` writes each process's windows into the step's folder."""
+
+    def record(folder: str) -> str:
+        spec = {"class_path": "test_resume_windows.RecordWindows", "init_args": {"folder": folder}}
+        return f"--trainer.callbacks+={json.dumps(spec)}"
+
+    return [
+        ("resumed", ["fit", *run.args, *DDP, "--trainer.max_epochs", "1", "--ckpt_path", str(run.step3),
+                     record("resumed")]),
+        ("too_big", ["fit", *run.args, *DDP, "--data.batch_size", "30", record("too_big")]),  # 44 windows: 22 each
+    ]  # fmt: skip
 
 
 @dataclass
 class TwoProcesses:
     cwd: Path  # where the steps ran: lightning_logs/ is here
+    uninterrupted: Uninterrupted  # the one-process run that the step "resumed" resumes
 
     def step(self, name: str) -> tuple[list[int], str, str]:
         """A step's exit status on each process, and their stdout and stderr (process 0's, then process 1's)."""
@@ -149,11 +169,15 @@ class TwoProcesses:
 def ddp(tmp_path_factory) -> TwoProcesses:
     """STEPS, run once on one pair of processes (a subprocess, which Lightning makes two)."""
     cwd = tmp_path_factory.mktemp("ddp")
+    uninterrupted = uninterrupted_run(tmp_path_factory.mktemp("resume_windows"))
+    resumes = resume_steps(uninterrupted)
+    for name, _ in resumes:
+        (cwd / name).mkdir()
     (cwd / "poison.py").write_text(POISON)
     (cwd / "session.py").write_text(SESSION)
-    (cwd / "steps.json").write_text(json.dumps(STEPS))
-    run_session(cwd, [cwd, REPO], timeout=400)
-    ran = TwoProcesses(cwd)
+    (cwd / "steps.json").write_text(json.dumps([*STEPS, *resumes, FULL_DISK]))
+    run_session(cwd, [cwd, Path(__file__).parent, REPO], timeout=400)
+    ran = TwoProcesses(cwd, uninterrupted)
     _, _, err = ran.step("fit")
     assert "GLOBAL_RANK: 1" in err and "distributed_backend=gloo" in err, err[-3000:]
     return ran
@@ -244,6 +268,7 @@ def test_test_on_two_processes_equals_one_and_the_runs_validation(ddp, run):
     one = main([*args, *ONE]).trainer.callback_metrics["test/loss"].item()
     [(_, val_loss)] = scalars(run)["loss/val"]  # the test set is the validation set
     assert two_loss == pytest.approx(one, abs=1e-5) and one == pytest.approx(val_loss, abs=1e-5)
+    assert "sync_dist" not in err  # Lightning's advice for values it would not reduce itself: they are reduced
 
 
 def test_predict_on_two_processes_writes_every_prompt_once_in_order(ddp, run):
@@ -261,6 +286,33 @@ def test_predict_on_two_processes_writes_every_prompt_once_in_order(ddp, run):
     args = ["predict", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
     main([*args, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *ONE])
     assert written.read_text() == two_text  # one process wrote the same file again
+
+
+def test_a_resume_on_two_processes_continues_from_the_same_window(ddp):
+    codes, _, err = ddp.step("resumed")
+    assert codes == [0, 0], err[-3000:]
+    runs = [json.loads((ddp.cwd / "resumed" / f"windows.{r}.json").read_text()) for r in (0, 1)]
+    order = epoch_order(WINDOWS, 123, 0)
+    # Each process, in order: every other window of the epoch's order from window 12 on (32 windows left: 4 steps
+    # of 2 x 4); together, step by step, exactly the windows the uninterrupted run trained on after step 3.
+    for rank, run in enumerate(runs):
+        assert epoch_windows(run["batches"], 0) == order[12 + rank : 44 : 2]
+        assert run["validated"] == [0]
+    steps = zip(runs[0]["batches"], runs[1]["batches"], strict=True)
+    together = [w for a, b in steps for pair in zip(a[2], b[2], strict=True) for w in pair]
+    batches = ddp.uninterrupted.batches
+    assert epoch_windows(batches[:3], 0) + together == epoch_windows(batches, 0)
+    assert [i for e, i, _ in runs[0]["batches"]] == [1, 2, 3, 4]  # 5 batches of 2 x 4 an epoch
+
+
+def test_a_batch_no_process_can_fill_is_one_line(ddp):
+    codes, _, err = ddp.step("too_big")
+    assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line == (
+        "error: 44 training windows give each of the 2 processes 22, no full batch of data.batch_size=30 (a batch "
+        "size per process): use data.batch_size 22 or less, or fewer processes"
+    )
 
 
 def test_fsdp_on_cpu_is_refused_with_one_line(capsys):

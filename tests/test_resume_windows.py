@@ -5,7 +5,8 @@ refused with one line.
 A short book (the first 6,100 characters of the story: 44 training windows of 32 tokens, so that a step of 4 and
 one of 8 windows both end the epoch at window 44) and the tiny model. ONE uninterrupted run (2 epochs, batch size
 4, one process) keeps a checkpoint after step 3, saved mid-epoch as a step-interval ModelCheckpoint saves it; every
-case resumes from it. A callback records, per process, which windows each training batch held.
+case resumes from it. A callback records, per process, which windows each training batch held. The resume on two
+processes is one of tests/test_ddp.py's steps (its pair of processes runs it, from an uninterrupted run of its own).
 """
 
 import json
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, run_session
+from conftest import REPO, TINY
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_lit.book_source import SHIPPED_BOOK_DIR, load_book
@@ -75,15 +76,19 @@ class Uninterrupted:
     step3: Path  # the checkpoint saved after step 3 of epoch 0
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Uninterrupted:
-    root = tmp_path_factory.mktemp("resume_windows")
+def uninterrupted_run(root: Path) -> Uninterrupted:
+    """The uninterrupted run, in this process, in ``root``; tests/test_ddp.py resumes it on two processes."""
     args = run_args(short_book(root / "book"), root / "logs")
     steps = ModelCheckpoint(dirpath=root / "steps", every_n_train_steps=3, save_top_k=-1, filename="{step}")
     fit = main(["fit", *args], extra_callbacks=[RecordWindows(root), steps])
     assert len(fit.datamodule.train_set) == WINDOWS
     batches = json.loads((root / "windows.0.json").read_text())["batches"]
     return Uninterrupted(args, batches, root / "steps" / "step=3.ckpt")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Uninterrupted:
+    return uninterrupted_run(tmp_path_factory.mktemp("resume_windows"))
 
 
 def resume(uninterrupted: Uninterrupted, folder: Path, *changes: str) -> dict:
@@ -140,82 +145,3 @@ def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterr
     assert "data.seed 123 (now 7)" in line
     assert not (tmp_path / "windows.0.json").exists()  # nothing trained
     assert config.read_text() == before  # nor the run's config.yaml written over
-
-
-# Two processes (DDP over gloo, on the CPU), as tests/test_ddp.py runs them: Lightning starts process 1 by running
-# the same script again. Each step's exit status and stderr, per process, are kept.
-SESSION = """
-import json, os, sys
-from pathlib import Path
-from gpt_lit.cli import main
-from test_resume_windows import RecordWindows
-
-rank = os.environ.get("LOCAL_RANK", "0")
-codes = {}
-for name, args in json.loads(Path("steps.json").read_text()):
-    folder = Path(name)
-    folder.mkdir(exist_ok=True)
-    sys.stderr.flush()
-    f = os.open(f"{name}/err.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(f, 2)
-    os.close(f)
-    try:
-        main(args, extra_callbacks=[RecordWindows(str(folder))])
-        codes[name] = 0
-    except SystemExit as e:
-        codes[name] = e.code
-    sys.stderr.flush()
-    Path(f"codes.{rank}.json").write_text(json.dumps(codes))
-import torch.distributed
-if torch.distributed.is_initialized():
-    torch.distributed.barrier()  # process 0 ends after process 1 has written everything
-"""
-DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
-
-
-@pytest.fixture(scope="module")
-def two_processes(uninterrupted, tmp_path_factory) -> Path:
-    """Three steps on one pair of processes: the resume, a batch no process can fill, and `test`."""
-    cwd, step3 = tmp_path_factory.mktemp("resume_ddp"), uninterrupted.step3
-    steps = [
-        ("resumed", ["fit", *uninterrupted.args, *DDP, "--trainer.max_epochs", "1", "--ckpt_path", str(step3)]),
-        ("too_big", ["fit", *uninterrupted.args, *DDP, "--data.batch_size", "30"]),  # 44 windows: 22 a process
-        ("test", ["test", *uninterrupted.args, *DDP, "--ckpt_path", str(step3)]),
-    ]
-    (cwd / "steps.json").write_text(json.dumps(steps))
-    (cwd / "session.py").write_text(SESSION)
-    run_session(cwd, [Path(__file__).parent, REPO], timeout=300)
-    return cwd
-
-
-def test_a_resume_on_two_processes_continues_from_the_same_window(uninterrupted, two_processes):
-    assert [json.loads((two_processes / f"codes.{r}.json").read_text())["resumed"] for r in (0, 1)] == [0, 0]
-    runs = [json.loads((two_processes / "resumed" / f"windows.{r}.json").read_text()) for r in (0, 1)]
-    order = epoch_order(WINDOWS, 123, 0)
-    # Each process, in order: every other window of the epoch's order from window 12 on (32 windows left: 4 steps
-    # of 2 x 4); together, step by step, exactly the windows the uninterrupted run trained on after step 3.
-    for rank, run in enumerate(runs):
-        assert epoch_windows(run["batches"], 0) == order[12 + rank : 44 : 2]
-        assert run["validated"] == [0]
-    steps = zip(runs[0]["batches"], runs[1]["batches"], strict=True)
-    together = [w for a, b in steps for pair in zip(a[2], b[2], strict=True) for w in pair]
-    assert epoch_windows(uninterrupted.batches[:3], 0) + together == epoch_windows(uninterrupted.batches, 0)
-    assert [i for e, i, _ in runs[0]["batches"]] == [1, 2, 3, 4]  # 5 batches of 2 x 4 an epoch
-
-
-def test_a_batch_no_process_can_fill_is_one_line(two_processes):
-    codes = [json.loads((two_processes / f"codes.{r}.json").read_text())["too_big"] for r in (0, 1)]
-    err = "".join((two_processes / "too_big" / f"err.{r}").read_text() for r in (0, 1))
-    assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
-    [line] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert line == (
-        "error: 44 training windows give each of the 2 processes 22, no full batch of data.batch_size=30 (a batch "
-        "size per process): use data.batch_size 22 or less, or fewer processes"
-    )
-
-
-def test_test_on_two_processes_logs_its_reduced_losses_without_a_warning(two_processes):
-    codes = [json.loads((two_processes / f"codes.{r}.json").read_text())["test"] for r in (0, 1)]
-    err = "".join((two_processes / "test" / f"err.{r}").read_text() for r in (0, 1))
-    assert codes == [0, 0], err[-3000:]
-    assert "sync_dist" not in err  # Lightning's advice for values it would not reduce itself
