@@ -115,24 +115,26 @@ class LastCheckpoint(Checkpoint):
         self.stop = self.stop or ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.stop, self._stopping = None, False
-        # Ctrl-C only where it would raise KeyboardInterrupt (a process started with SIGINT ignored keeps it so).
-        if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                self._handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        self.stop, self._stopping, self._handlers = None, False, {}
 
-    def _take_sigterm(self) -> None:
-        # In place of Lightning's SIGTERM handler (registered after on_fit_start), which stops an evaluation
-        # half-way and skips this callback's save.
-        if signal.SIGTERM not in self._handlers and threading.current_thread() is threading.main_thread():
+    def _take_signals(self) -> None:
+        # After Lightning registers its handlers (after on_fit_start), so that what it puts back when fit ends, or
+        # raises (then no teardown hook runs), is the handler from before the run, not this callback's. SIGTERM in
+        # place of Lightning's handler, which stops an evaluation half-way and skips this callback's save; Ctrl-C only
+        # where it would raise KeyboardInterrupt (a process started with SIGINT ignored keeps it so).
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.SIGINT not in self._handlers and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        if signal.SIGTERM not in self._handlers:
             self._handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._take_sigterm()
+        self._take_signals()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for signum, handler in self._handlers.items():
-            if signal.getsignal(signum) == self._on_signal:  # not yet put back (Lightning puts back SIGTERM's)
+            if signal.getsignal(signum) == self._on_signal:  # not yet put back (Lightning puts back what it found)
                 signal.signal(signum, handler)
         self._handlers = {}
 
@@ -275,7 +277,7 @@ class LastCheckpoint(Checkpoint):
     # -- resuming ---------------------------------------------------------------------------------------------
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._take_sigterm()
+        self._take_signals()
         loop = trainer.fit_loop
         if loop.restarted_on_epoch_end:
             # Resumed under max_steps from a state saved at an epoch's end: Lightning (2.6.6) runs that epoch's end
