@@ -112,23 +112,26 @@ def test_the_sentences_weights_are_those_of_the_sentence_alone(residual):
     assert entropies == pytest.approx([row_entropy(w).mean().item() for w in block_attentions(model, x)])
 
 
-@pytest.mark.parametrize("n_heads, n_tokens", [(2, 6), (4, 24)])  # the title and "after epoch" share columns, or not
+@pytest.mark.parametrize("n_heads, n_tokens", [(2, 6), (4, 24)])  # a figure as wide as its texts, a wider one
 def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw(n_heads, n_tokens):
     """Every block's image after the first, and later epochs, are put together from saved pixels and the weights
-    painted anew: the pixels must be a full draw's."""
-    from gpt_lit.callbacks.attention import AttentionFigure, attention_figure
+    painted anew: the pixels must be a full draw's. Also past the widest texts the figure makes room for (block 100,
+    epoch 1,000 at step 10^7), where the title and "when" are drawn for each image."""
+    from gpt_lit.callbacks.attention import AttentionFigure, attention_figure, attention_when
     from gpt_lit.callbacks.figures import figure_pixels
 
     labels = [f"t{i}" for i in range(n_tokens)]
     shape = (n_heads, n_tokens, n_tokens)
     figure = AttentionFigure(torch.full(shape, 1 / n_tokens), labels)
-    assert (figure.split is None) == (n_tokens == 6)  # the narrow figure draws both texts each time
-    for epoch, scale in ((0, 0.0), (1, 3.0), (7, 9.0), (8, 9.0)):  # uniform rows, then sharper and sharper ones
-        for block in (1, 2, 1):
-            seed = torch.Generator().manual_seed(10 * epoch + block)
+    assert figure.split is not None
+    when = ((0, 0.0, None), (1, 3.0, None), (7, 9.0, None), (8, 9.0, None), (1000.5, 9.0, 10**7), (9, 3.0, None))
+    for epoch, scale, step in when:  # uniform rows, then sharper and sharper ones
+        for block in (1, 2, 100, 1):
+            seed = torch.Generator().manual_seed(10 * int(epoch) + block)
             weights = torch.softmax(torch.randn(shape, generator=seed) * scale, -1)
-            full = figure_pixels(attention_figure(weights, labels, block=block, epoch=epoch))
-            assert np.array_equal(figure.pixels(weights, block, epoch), full), (block, epoch)
+            full = attention_figure(weights, labels, block=block, epoch=epoch)
+            full.texts[1].set_text(attention_when(epoch, step))  # "epoch 1000, step 10000000": a validation within
+            assert np.array_equal(figure.pixels(weights, block, epoch, step), figure_pixels(full)), (block, epoch)
 
 
 def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure():

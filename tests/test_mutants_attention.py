@@ -124,7 +124,7 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     # AttentionMaps' default: 24 tokens (a sentence of the validation text); 2 heads, the narrowest figure of a run
-    # (with fewer tokens the title is wider than the figure and cut off at its right edge)
+    # with them (fewer tokens: test_a_short_sentences_figure_is_as_wide_as_its_title_and_when_need)
     sentence = ["The", " Time", " Trave", "ller", " said", ",", " \"", "I", " saw", " it", " myself"]
     labels = sentence * 2 + ["↵", "-", "."]
     n_heads, T = 2, len(labels)
@@ -138,7 +138,15 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     cell_w, cell_h = image.width / columns, image.height / T
     assert cell_w == pytest.approx(cell_h, abs=0.01) and cell_w >= 10  # square cells, large enough to see
     figure = fig.bbox
-    assert figure.height - image.height <= 200 and figure.width - image.width <= 250  # room for the labels, no more
+    # room for the labels and, over the image, for the widest title and "when" (block 99; epoch 998, step 999,999)
+    title, when = fig.texts
+    shown = title.get_text(), when.get_text()
+    title.set_text(attention_title(99))
+    when.set_text(attention_when(998.5, 999_999))
+    widest = title.get_window_extent(renderer).width + when.get_window_extent(renderer).width
+    title.set_text(shown[0])
+    when.set_text(shown[1])
+    assert figure.height - image.height <= 200 and figure.width - max(image.width, widest) <= 250  # and no more
     texts = [t for t in ax.texts + fig.texts]
     assert len(ax.texts) == n_heads + n_heads * T + T
     for text in texts:  # nothing cut off by the figure's edges
@@ -176,13 +184,39 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     assert title.get_text() == attention_title(2) and when.get_text() == attention_when(3)
     t, w = title.get_window_extent(renderer), when.get_window_extent(renderer)
     assert t.y0 >= image.y1 and w.y0 >= image.y1 and t.x1 < w.x0  # over the image, side by side
-    assert abs(w.x1 - image.x1) <= 1.5  # "after epoch 2" ends where the image ends
+    # "after epoch 3" ends where the image ends, or, over an image narrower than the widest title and "when" with a
+    # gap of 0.3 inches (30 pixels) between them, that much right of the image's start
+    assert abs(w.x1 - (image.x0 + max(image.width, widest + 30))) <= 1.5
     # The weights' colours: viridis from 0 to 1 (the colour bar's scale); the first query sees only itself: 1.0.
     rgb = np.asarray(canvas.buffer_rgba())[..., :3]
     height = canvas.get_width_height()[1]
     row0 = round(height - image.y1 + cell_h / 2)
     col0 = round(image.x0 + cell_w / 2)
     assert np.abs(rgb[row0, col0] / 255 - np.array(colormaps["viridis"](1.0)[:3])).max() < 0.01
+
+
+@pytest.mark.parametrize("n_heads, T", [(1, 3), (2, 5), (4, 5)])
+def test_a_short_sentences_figure_is_as_wide_as_its_title_and_when_need(n_heads, T):
+    """AttentionMaps(num_tokens=5): the image is narrower than the title and the widest "when" text; the figure
+    widens to show both whole, side by side, and no wider; the image keeps its square cells, the bar its place."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    labels = ["The", " Time", " Trave", "ller", " said"][:T]
+    # the widest texts it makes room for: block 99, within epoch 998 at step 999,999
+    fig = attention_figure(causal_weights(n_heads, T), labels, block=99, epoch=998.5)
+    fig.texts[1].set_text(attention_when(998.5, 999_999))
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    figure, (ax, cax) = fig.bbox, fig.axes
+    image, bar = ax.get_window_extent(renderer), cax.get_window_extent(renderer)
+    title, when = (t.get_window_extent(renderer) for t in fig.texts)
+    assert figure.x0 <= title.x0 and title.x1 < when.x0 and when.x1 <= figure.x1  # both whole, side by side
+    assert title.y0 >= image.y1 and when.y0 >= image.y1
+    assert figure.width <= title.width + when.width + 250  # margins, a gap: no wider than they need
+    columns = n_heads * (T + 2) - 2
+    assert image.width / columns == pytest.approx(image.height / T, abs=0.01)  # square cells
+    assert image.x1 < bar.x0 <= image.x1 + 30 and bar.x1 <= figure.x1  # the bar right of the image, as before
 
 
 def test_a_validation_within_an_epoch_is_drawn_with_its_step():

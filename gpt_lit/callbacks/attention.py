@@ -84,7 +84,10 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
     image = heads_image(weights, gap)
     cell = 0.15  # inches per token
     left, right, top, bottom = 1.0, 1.1, 0.7, 1.0
-    width, height = left + image.shape[1] * cell + right, top + T * cell + bottom
+    # The band over the image: the title from its left end, when the weights were measured up to its right end, or
+    # further right where the image (a short sentence, few heads) is narrower than the widest of both and a gap.
+    band = max(image.shape[1] * cell, text_inches(WIDEST_TITLE) + 0.3 + max(map(text_inches, WIDEST_WHEN)))
+    width, height = left + band + right, top + T * cell + bottom
     fig = Figure(figsize=(width, height), dpi=100)
     ax = fig.add_axes((left / width, bottom / height, image.shape[1] * cell / width, T * cell / height))
     shown = ax.imshow(image, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
@@ -96,12 +99,26 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
             ax.text(x0 + j, T - 0.3, label, rotation=90, ha="center", va="top", fontsize=7)
     for j, label in enumerate(labels):
         ax.text(-0.8, j, label, ha="right", va="center", fontsize=7)
-    cax = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, T * cell / height))
+    bar_left = left + image.shape[1] * cell + 0.25  # right of the image
+    cax = fig.add_axes((bar_left / width, bottom / height, 0.15 / width, T * cell / height))
     fig.colorbar(shown, cax=cax, label="attention weight")
     top = 1 - 0.1 / height
     fig.text(left / width, top, attention_title(block), va="top", fontsize="large")  # the title, over the image
     fig.text(1 - right / width, top, attention_when(epoch), ha="right", va="top", fontsize="large")  # when, at its end
     return fig
+
+
+# The widest title and texts of when the weights were measured (at an epoch's end, within one) that the figure
+# makes room for: up to 99 blocks, 999 epochs and a million steps.
+WIDEST_TITLE = attention_title(99)
+WIDEST_WHEN = (attention_when(999), attention_when(998.5, 999_999))
+
+
+def text_inches(text: str) -> float:
+    """The width, in inches, of ``text`` in the figure's title font (matplotlib's "large")."""
+    scratch = Figure(dpi=100)
+    renderer = FigureCanvasAgg(scratch).get_renderer()
+    return scratch.text(0, 0, text, fontsize="large").get_window_extent(renderer).width / 100
 
 
 class AttentionFigure:
@@ -141,23 +158,29 @@ class AttentionFigure:
         # the widest "after epoch" or "epoch k, step s" text leave a gap between them (else None: both drawn for each
         # image).
         renderer = self.canvas.get_renderer()
-        self.title.set_text(attention_title(10**6))
+        self.title.set_text(WIDEST_TITLE)
         title_end, when_start = self.title.get_window_extent(renderer).x1, math.inf
-        for widest in (attention_when(10**6), attention_when(10**6 + 0.5, 10**8)):
+        for widest in WIDEST_WHEN:
             self.when.set_text(widest)
             when_start = min(when_start, self.when.get_window_extent(renderer).x0)
         self.split = round((title_end + when_start) / 2) if title_end + 2 < when_start else None
-        self.titles: dict[int, np.ndarray] = {}  # block: the top band's pixels up to ``split``, with its title
-        self.whens: tuple[str, np.ndarray] | None = None  # (when, the top band's pixels from ``split``)
+        self.titles: dict[int, np.ndarray | None] = {}  # block: the top band's pixels up to ``split``, with its title
+        self.whens: tuple[str, np.ndarray | None] | None = None  # (when, the top band's pixels from ``split``)
 
     def rgb(self) -> np.ndarray:
         return np.asarray(self.canvas.buffer_rgba())[:, :, :3].copy()
 
-    def band(self, text: Any, value: str, columns: slice) -> np.ndarray:
-        """The pixels above the image in ``columns`` with ``text`` saying ``value`` over the rest."""
+    def band(self, text: Any, value: str, left: bool) -> np.ndarray | None:
+        """The pixels above the image left of ``split`` (``left``) or from it, with ``text`` saying ``value`` over the
+        rest; None where the text reaches past ``split`` (wider than the widest the figure made room for: block 100,
+        epoch 1,000 on)."""
         text.set_text(value)
+        box = text.get_window_extent(self.canvas.get_renderer())
+        if box.x1 >= self.split if left else box.x0 <= self.split:
+            return None
         self.canvas.restore_region(self.background)
         self.fig.draw_artist(text)
+        columns = slice(0, self.split) if left else slice(self.split, None)
         return np.asarray(self.canvas.buffer_rgba())[: self.rows.start, columns, :3].copy()
 
     def painted(self, weights: torch.Tensor) -> np.ndarray:
@@ -171,7 +194,12 @@ class AttentionFigure:
         """The figure for ``block``'s ``weights`` (n_heads, T, T) after ``epoch`` epochs (0: the start; a fraction:
         the validation at ``step``, within an epoch), (height, width, 3) uint8 RGB."""
         when = attention_when(epoch, step)
-        if self.split is None:
+        if self.split is not None:
+            if block not in self.titles:
+                self.titles[block] = self.band(self.title, attention_title(block), left=True)
+            if self.whens is None or self.whens[0] != when:
+                self.whens = (when, self.band(self.when, when, left=False))
+        if self.split is None or self.titles[block] is None or self.whens[1] is None:
             self.title.set_text(attention_title(block))
             self.when.set_text(when)
             self.canvas.restore_region(self.background)
@@ -179,10 +207,6 @@ class AttentionFigure:
             self.fig.draw_artist(self.when)
             out = self.rgb()
         else:
-            if block not in self.titles:
-                self.titles[block] = self.band(self.title, attention_title(block), slice(0, self.split))
-            if self.whens is None or self.whens[0] != when:
-                self.whens = (when, self.band(self.when, when, slice(self.split, None)))
             out = self.base.copy()
             out[: self.rows.start, : self.split] = self.titles[block]
             out[: self.rows.start, self.split :] = self.whens[1]
