@@ -55,7 +55,7 @@ class LastCheckpoint(Checkpoint):
         self._saving = False
         self._others_saved_at = -1  # global step of another callback's latest save
         self._stepped_at_resume = 0  # Lightning's count of batches that stepped, as a resumed checkpoint had it
-        self._handlers: dict[int, Any] = {}
+        self._taken: set[int] = set()  # the signals this fit's handler was given (SIGINT, SIGTERM)
         self._csv_rows: dict[int, list[dict[str, str]]] = {}  # a resumed run's CSV loggers' earlier rows
 
     # -- where ------------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class LastCheckpoint(Checkpoint):
         self.stop = self.stop or ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.stop, self._stopping, self._handlers = None, False, {}
+        self.stop, self._stopping, self._taken = None, False, set()
 
     def _take_signals(self) -> None:
         # After Lightning registers its handlers (after on_fit_start), so that what it puts back when fit ends, or
@@ -124,19 +124,15 @@ class LastCheckpoint(Checkpoint):
         # where it would raise KeyboardInterrupt (a process started with SIGINT ignored keeps it so).
         if threading.current_thread() is not threading.main_thread():
             return
-        if signal.SIGINT not in self._handlers and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
-        if signal.SIGTERM not in self._handlers:
-            self._handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        if signal.SIGINT not in self._taken and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_signal)
+            self._taken.add(signal.SIGINT)
+        if signal.SIGTERM not in self._taken:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            self._taken.add(signal.SIGTERM)
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._take_signals()
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for signum, handler in self._handlers.items():
-            if signal.getsignal(signum) == self._on_signal:  # not yet put back (Lightning puts back what it found)
-                signal.signal(signum, handler)
-        self._handlers = {}
 
     def _agreed(self, trainer: L.Trainer) -> bool:
         """Whether any process was asked to stop (every process calls this at the same points)."""
