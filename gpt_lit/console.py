@@ -14,6 +14,7 @@ model with an ``example_input_array``, and prints a column of zeros otherwise. T
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any
 
@@ -21,12 +22,15 @@ import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
+from rich.file_proxy import FileProxy
 
 DROPPED_LOG_LINES = {
     # logger name: the start of each message dropped from it
     "lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
     "lightning.fabric.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
 }
+# The loggers Lightning gives a handler of its own (its packages' __init__), printing to the streams of the import.
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 DROPPED_WARNINGS = [(r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)]
 
 
@@ -109,12 +113,42 @@ def use_quiet_summary(trainer: Trainer) -> None:
 
 
 class QuietRichProgressBar(RichProgressBar):
-    """Lightning's rich progress bar without ``v_num`` (Lightning's documented way: override ``get_metrics``)."""
+    """Lightning's rich progress bar without ``v_num`` (Lightning's documented way: override ``get_metrics``), and
+    with Lightning's log lines of a ``fit`` printed above the bar, as a ``print()`` is.
+
+    While the bar is live, rich puts a proxy in place of ``sys.stderr`` and ``sys.stdout`` that prints each line above
+    it. Lightning's log handlers keep the streams they were given at import, so their lines ("`Trainer.fit` stopped:
+    `max_epochs=10` reached." at the end of every run) went under the bar, glued to its last line. From the start of
+    training to the end of ``fit`` they write to the proxies instead."""
 
     def get_metrics(self, trainer: Trainer, pl_module: Any) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
         return items
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)  # the bar is live from here: the proxies are in place
+        self._put_back_streams()
+        proxies = {proxy.rich_proxied_file: proxy for proxy in (sys.stderr, sys.stdout) if isinstance(proxy, FileProxy)}
+        swapped = []  # (handler, the stream it had)
+        for name in LIGHTNING_LOGGERS:
+            for handler in logging.getLogger(name).handlers:
+                if type(handler) is logging.StreamHandler and handler.stream in proxies:
+                    swapped.append((handler, handler.setStream(proxies[handler.stream])))
+        self._handler_streams = swapped  # (the bar may be one made by Lightning, given this class: no __init__ of ours)
+
+    def _put_back_streams(self) -> None:
+        for handler, stream in getattr(self, "_handler_streams", []):
+            handler.setStream(stream)
+        self._handler_streams = []
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        self._put_back_streams()
+        super().teardown(trainer, pl_module, stage)
+
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        self._put_back_streams()
+        super().on_exception(trainer, pl_module, exception)
 
 
 class QuietTQDMProgressBar(TQDMProgressBar):

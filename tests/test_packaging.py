@@ -1,12 +1,19 @@
 """A reader's first run from the wheel: `pip install .` (not editable), then, in an empty folder with no network,
-`python -m gpt_lit fit --config residual.yaml` (with a tiny model) trains on the shipped book and prints no noise.
+`python -m gpt_lit fit --config residual.yaml` (with a tiny model), in a terminal (a pseudo-terminal, so the rich
+progress bar draws itself live, as a reader sees it), trains on the shipped book and prints no noise, each line
+whole.
 
 Both steps start processes on purpose: pip, and `python -m gpt_lit` from the installed wheel, as a reader runs it."""
 
+import fcntl
 import os
+import pty
+import re
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import zipfile
 from pathlib import Path
 
@@ -18,6 +25,32 @@ NOISE = ["Tip:", "litlogger", "LeafSpec", "deprecated", "weights_only", "FLOPs",
 
 def run(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=900, **kw)
+
+
+def run_in_terminal(*args: str, columns: int = 160, **kw) -> tuple[int, str]:
+    """``args`` with stdout and stderr on a pseudo-terminal ``columns`` wide: the exit status, and what a terminal
+    was sent, escape sequences and all."""
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=child, stderr=child, **kw)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    return proc.wait(timeout=900), b"".join(chunks).decode(errors="replace")
+
+
+def terminal_lines(sent: str) -> list[str]:
+    """What ``sent`` puts at the start of each line of the terminal, roughly: without escape sequences (colours,
+    cursor moves), split at line ends and carriage returns."""
+    return re.split(r"\r\n|\r|\n", re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", sent))
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +99,10 @@ def test_first_run_from_the_installed_wheel_in_an_empty_folder_offline(wheel, tm
 
     args = ["fit", "--config", "residual.yaml", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
     args += [*TINY, "--data.eval_train", "false"]  # a tiny model: the point is the install, not the training
-    fit = run(sys.executable, "-m", "gpt_lit", *args, cwd=folder, env=env)
-    assert fit.returncode == 0, fit.stderr[-3000:]
+    code, output = run_in_terminal(sys.executable, "-m", "gpt_lit", *args, cwd=folder, env=env)
+    assert code == 0, output[-3000:]
     assert (folder / "lightning_logs/residual/version_0/checkpoints/last.ckpt").is_file()
-    output = fit.stdout + fit.stderr
     assert "Trainable params" in output and "loss/val" in output  # the model summary and the losses stay
     assert [word for word in NOISE if word in output] == [], output[-3000:]
+    # Lightning's last line starts a line of its own, above the bar, not glued to the bar's last line
+    assert "`Trainer.fit` stopped: `max_epochs=1` reached." in terminal_lines(output), output[-3000:]
