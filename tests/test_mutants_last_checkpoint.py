@@ -348,6 +348,45 @@ def test_after_a_fit_that_raised_ctrl_c_interrupts_again_and_sigterm_is_as_befor
         signal.signal(signal.SIGTERM, sigterm)
 
 
+class SigintSeen(Callback):
+    """Records SIGINT's handler at the first training batch; with ``ctrl_c_at_sanity_end``, first sends a Ctrl-C as
+    the sanity check ends."""
+
+    def __init__(self, ctrl_c_at_sanity_end: bool = False):
+        self.ctrl_c_at_sanity_end, self.handlers = ctrl_c_at_sanity_end, []
+
+    def on_sanity_check_end(self, trainer, pl_module):
+        if self.ctrl_c_at_sanity_end:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.handlers.append(signal.getsignal(signal.SIGINT))
+
+
+def test_a_process_that_ignores_ctrl_c_still_ignores_it_during_fit(tmp_path):
+    # As a job started in the background (nohup, `&`): Ctrl-C in its terminal is not for it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        seen = SigintSeen()
+        trainer = fit(tmp_path, LastCheckpoint(), seen, num_sanity_val_steps=1)
+        assert seen.handlers == [signal.SIG_IGN] * 8 and trainer.global_step == 8
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_after_a_ctrl_c_in_the_sanity_check_a_second_one_stops_at_once(tmp_path, capfd):
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        seen = SigintSeen(ctrl_c_at_sanity_end=True)
+        trainer = trainer_for(tmp_path, LastCheckpoint(), seen, num_sanity_val_steps=1)
+        with pytest.raises(SystemExit):  # the stop asked for: the run ends at its first step
+            trainer.fit(OneWeight())
+        assert CTRL_C_MESSAGE in capfd.readouterr().err
+        assert seen.handlers == [signal.default_int_handler]  # the second Ctrl-C would raise KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
