@@ -11,7 +11,7 @@ from io import BytesIO
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.checkpoint_thread import BackgroundCheckpointIO, snapshot
@@ -147,7 +147,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_keeps_the_previous_best(tmp_
     limits, previous = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         with pytest.raises(SystemExit) as stopped:
-            main(["fit", "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.eval_train", "false",
+            main(["fit", "--config", residual_without_diagnostics(), *TINY, "--data.eval_train", "false",
                   "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
                   "--model.lr", "0.01", "--trainer.enable_progress_bar", "false",
                   "--trainer.logger.init_args.save_dir", str(tmp_path)],

@@ -1,7 +1,8 @@
 """What `fit` leaves in checkpoints/, and how it is written: last.ckpt is always the newest exact state, whatever
 checkpoint callbacks the config lists; a save that fails leaves the previous file whole; ``--ckpt_path last|best``.
 
-Stopping and resuming (Ctrl-C, SIGTERM, kill -9, a full disk) at every moment: test_fault_matrix.py.
+Stopping and resuming (Ctrl-C, SIGTERM, kill -9, a full disk) at every moment: test_fault_matrix.py. The runs
+here use residual.yaml without its diagnostics (``residual_without_diagnostics_text``): none is read.
 """
 
 import errno
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import TINY, residual_without_diagnostics_text
 from jsonargparse import Namespace
 
 from gpt_lit import checkpointing
@@ -39,7 +40,7 @@ def test_last_is_the_final_state_whatever_model_checkpoints_the_config_lists(tmp
     # and beside it one saving every step (monitor loss/train_step, top 2, save_last): Lightning alone would
     # leave last.ckpt at step 2 or before the last epoch's evaluation; and with last-v1.ckpt beside it.
     config = tmp_path / "mine.yaml"
-    shipped = (REPO / "configs/residual.yaml").read_text().replace("mode: min", "mode: max")
+    shipped = residual_without_diagnostics_text().replace("mode: min", "mode: max")
     save_last = "auto_insert_metric_name: false\n        save_last: true"
     config.write_text(shipped.replace("auto_insert_metric_name: false", save_last))
     every_step = {"every_n_train_steps": 1, "save_top_k": 2, "monitor": "loss/train_step", "save_last": True,
@@ -63,7 +64,7 @@ def test_last_is_the_final_state_whatever_model_checkpoints_the_config_lists(tmp
 
 
 def test_a_config_without_a_model_checkpoint_still_saves_last(tmp_path):
-    text = (REPO / "configs/residual.yaml").read_text()
+    text = residual_without_diagnostics_text()
     config = tmp_path / "mine.yaml"
     config.write_text(text[: text.index("    - class_path: lightning.pytorch.callbacks.ModelCheckpoint")])
     main(["fit", "--config", str(config), *RUN, "--trainer.max_epochs", "1",
@@ -77,7 +78,7 @@ def test_ckpt_path_best_is_the_file_of_the_model_checkpoint_with_a_monitor(tmp_p
     # A periodic ModelCheckpoint without a monitor (every epoch, all kept), listed before the shipped best-epoch one:
     # its files are the newest, and its state has a best_model_path too (the newest file it saved).
     periodic = {"class_path": "ModelCheckpoint", "init_args": {"every_n_epochs": 1, "save_top_k": -1}}
-    text = (REPO / "configs/residual.yaml").read_text()
+    text = residual_without_diagnostics_text()
     at = text.index("    - class_path: lightning.pytorch.callbacks.ModelCheckpoint")
     config = tmp_path / "mine.yaml"
     config.write_text(text[:at] + f"    - {json.dumps(periodic)}\n" + text[at:])
@@ -100,7 +101,7 @@ def test_last_lies_beside_the_runs_other_checkpoints_wherever_they_go(tmp_path):
     # The ModelCheckpoint's own dirpath.
     elsewhere = tmp_path / "elsewhere"
     config = tmp_path / "mine.yaml"
-    shipped = (REPO / "configs/residual.yaml").read_text()
+    shipped = residual_without_diagnostics_text()
     config.write_text(shipped.replace("mode: min", f"mode: min\n        dirpath: {elsewhere}"))
     main(["fit", "--config", str(config), *RUN, *logs, "--trainer.max_epochs", "1"])
     assert sorted(p.name for p in elsewhere.iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]
@@ -131,7 +132,7 @@ class NoFolder(Logger):
 def test_a_logger_without_a_folder_of_its_own_gives_each_run_its_last_checkpoint(tmp_path, monkeypatch):
     (tmp_path / "no_folder.py").write_text(NO_FOLDER_LOGGER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = (REPO / "configs/residual.yaml").read_text()
+    text = residual_without_diagnostics_text()
     config = tmp_path / "mine.yaml"
     config.write_text(text[: text.index("    - class_path: lightning.pytorch.callbacks.ModelCheckpoint")])
     for version in ("run-a", "run-b"):

@@ -11,13 +11,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import REPO, TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.cli import main
 
-RUN = [
-    "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.eval_train", "false",
+RUN = [  # its diagnostics left out: the test reads none (the schedules below run them and compare their tags)
+    "--config", residual_without_diagnostics(), *TINY, "--data.eval_train", "false",
     "--data.eval_batch_size", "8", "--trainer.max_epochs", "3",
     "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",

@@ -11,13 +11,13 @@ import signal
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.cli import main
 
-RUN = [
-    "--config", str(REPO / "configs/residual.yaml"), *TINY,
+RUN = [  # its diagnostics left out: these tests read none
+    "--config", residual_without_diagnostics(), *TINY,
     "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip

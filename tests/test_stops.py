@@ -12,14 +12,14 @@ import signal
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.cli import main
 from gpt_lit.module import GPTLightning
 
 RUN = [
-    "--config", str(REPO / "configs/residual.yaml"), *TINY, "--data.eval_train", "false",
+    "--config", residual_without_diagnostics(), *TINY, "--data.eval_train", "false",
     "--trainer.limit_train_batches", "3", "--trainer.max_epochs", "3",
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
