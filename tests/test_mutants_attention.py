@@ -16,6 +16,7 @@ from gpt_lit.callbacks.attention import (
     AttentionFigure,
     AttentionMaps,
     attention_figure,
+    attention_figure_for,
     attention_title,
     attention_when,
     heads_image,
@@ -217,6 +218,20 @@ def test_a_short_sentences_figure_is_as_wide_as_its_title_and_when_need(n_heads,
     columns = n_heads * (T + 2) - 2
     assert image.width / columns == pytest.approx(image.height / T, abs=0.01)  # square cells
     assert image.x1 < bar.x0 <= image.x1 + 30 and bar.x1 <= figure.x1  # the bar right of the image, as before
+
+
+def test_a_second_run_in_the_process_reuses_the_figure_and_draws_what_a_full_draw_draws():
+    from gpt_lit.callbacks.figures import figure_pixels
+
+    labels = ("The", " Time", " Trave", "ller", " said", ",")
+    first = attention_figure_for(labels, n_heads=2)
+    assert attention_figure_for(labels, n_heads=2) is first  # made once a process
+    assert attention_figure_for(labels, n_heads=4) is not first and attention_figure_for(labels[:5], 2) is not first
+    # one run's epochs, then a second run's start and first epoch, with the same sentence and heads
+    for run, (block, epoch) in enumerate([(1, 2), (2, 3), (1, 0), (2, 1)]):
+        weights = causal_weights(2, len(labels), seed=run)
+        full = figure_pixels(attention_figure(weights, list(labels), block=block, epoch=epoch))
+        assert np.array_equal(attention_figure_for(labels, 2).pixels(weights, block, epoch), full), (block, epoch)
 
 
 def test_a_validation_within_an_epoch_is_drawn_with_its_step():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -114,6 +115,7 @@ WIDEST_TITLE = attention_title(99)
 WIDEST_WHEN = (attention_when(999), attention_when(998.5, 999_999))
 
 
+@functools.cache
 def text_inches(text: str) -> float:
     """The width, in inches, of ``text`` in the figure's title font (matplotlib's "large")."""
     scratch = Figure(dpi=100)
@@ -214,6 +216,15 @@ class AttentionFigure:
         return out
 
 
+@functools.lru_cache(maxsize=4)
+def attention_figure_for(labels: tuple[str, ...], n_heads: int) -> AttentionFigure:
+    """The ``AttentionFigure`` of a sentence's ``labels`` and ``n_heads`` heads, made once a process: its layout
+    and saved pixels depend on nothing else (the weights are painted for each image), and making one draws a whole
+    figure (~0.1 s). A notebook's second run, or a test session's hundred, reuse it."""
+    T = len(labels)
+    return AttentionFigure(torch.full((n_heads, T, T), 1.0 / T), list(labels))
+
+
 class AttentionMaps(ValidationProbe):
     def __init__(self, num_tokens: int = 24, num_sequences: int = 4):
         """Draw each block's attention weights for one fixed sentence, and log how sharp the heads are.
@@ -257,6 +268,6 @@ class AttentionMaps(ValidationProbe):
         writers = tensorboard_writers(trainer)
         if writers:
             if self.figure is None:
-                self.figure = AttentionFigure(sentence[0], self.labels)
+                self.figure = attention_figure_for(tuple(self.labels), n_heads=len(sentence[0]))
             for i, weights in enumerate(sentence, 1):
                 add_png(writers, f"attention/block_{i}", self.figure.pixels(weights, i, epoch, step), step)
