@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, residual_without_diagnostics_text
+from conftest import TINY, residual_without_diagnostics, residual_without_diagnostics_text
 from jsonargparse import Namespace
 
 from gpt_lit import checkpointing
@@ -94,7 +94,7 @@ def test_ckpt_path_best_is_the_file_of_the_model_checkpoint_with_a_monitor(tmp_p
 def test_last_lies_beside_the_runs_other_checkpoints_wherever_they_go(tmp_path):
     # TensorBoard's sub_dir moves its events, not Lightning's checkpoints folder.
     logs = ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.limit_train_batches", "1"]
-    main(["fit", "--config", "residual.yaml", *RUN, *logs, "--trainer.max_epochs", "1",
+    main(["fit", "--config", residual_without_diagnostics(), *RUN, *logs, "--trainer.max_epochs", "1",
           "--trainer.logger.init_args.sub_dir", "events"])  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "residual/version_0/checkpoints").iterdir()) == [
         "best-epoch00.ckpt", "last.ckpt"]  # fmt: skip
