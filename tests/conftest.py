@@ -41,54 +41,58 @@ def run_session(cwd: Path, pythonpath: list[Path], timeout: float) -> None:
     assert session.returncode == 0
 
 
-@functools.cache
-def residual_without_throughput() -> str:
-    """configs/residual.yaml without the Throughput callback, as a file named residual.yaml (runs keep the name):
-    its rates are wall-clock times, never the same in two runs, so runs compared tag by tag leave it out."""
-    import tempfile
-
-    text = (REPO / "configs" / "residual.yaml").read_text()
-    text = "".join(line for line in text.splitlines(True) if "gpt_lit.callbacks.Throughput" not in line)
-    path = Path(tempfile.mkdtemp(prefix="gpt_lit_configs_")) / "residual.yaml"
-    path.write_text(text)
-    return str(path)
-
 # residual.yaml's callbacks that draw, measure or log what TensorBoard shows (every one but ContinuationWriter).
 DIAGNOSTICS = ("BlockGradNorms", "PositionSimilarity", "UnigramBaseline", "ChapterFigures", "AttentionMaps",
                "ResidualStream", "LogitLens", "PositionLoss", "Samples", "Throughput", "RunsTable")  # fmt: skip
 
 
 @functools.cache
-def residual_without_diagnostics_text() -> str:
-    """configs/residual.yaml's text without the DIAGNOSTICS' entries (each with its init_args and comment lines),
-    everything else as shipped: for tests that check where checkpoints go or what a stop does and read no
-    diagnostic. Their fits take about half the time (test_diagnostics.py, test_inside_block.py, the matrices and
-    test_resume.py run the diagnostics)."""
-    import yaml
-
+def residual_text_without(callbacks: tuple[str, ...]) -> str:
+    """configs/residual.yaml's text without the entries of the ``gpt_lit.callbacks`` named (each with its init_args
+    and comment lines), everything else as shipped."""
     kept, dropping = [], False
     for line in (REPO / "configs" / "residual.yaml").read_text().splitlines(True):
-        entry = line.strip().startswith("- class_path: gpt_lit.callbacks.")
-        if entry:
-            dropping = line.split("gpt_lit.callbacks.", 1)[1].split()[0] in DIAGNOSTICS
+        if line.strip().startswith("- class_path: gpt_lit.callbacks."):
+            dropping = line.split("gpt_lit.callbacks.", 1)[1].split()[0] in callbacks
         elif dropping and len(line) - len(line.lstrip()) <= 4:  # the next entry or key: the dropped one has ended
             dropping = False
         if not dropping:
             kept.append(line)
-    text = "".join(kept)
+    return "".join(kept)
+
+
+@functools.cache
+def residual_file_without(callbacks: tuple[str, ...]) -> str:
+    """``residual_text_without(callbacks)`` as a file named residual.yaml (runs keep the name)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gpt_lit_configs_")) / "residual.yaml"
+    path.write_text(residual_text_without(callbacks))
+    return str(path)
+
+
+def residual_without_throughput() -> str:
+    """configs/residual.yaml without the Throughput callback: its rates are wall-clock times, never the same in two
+    runs, so runs compared tag by tag leave it out."""
+    return residual_file_without(("Throughput",))
+
+
+def residual_without_diagnostics_text() -> str:
+    """configs/residual.yaml's text without the DIAGNOSTICS: for tests that check where checkpoints go or what a
+    stop does and read no diagnostic. Their fits take about half the time (test_diagnostics.py,
+    test_inside_block.py, the matrices and test_resume.py run the diagnostics)."""
+    import yaml
+
+    text = residual_text_without(DIAGNOSTICS)
     callbacks = [c["class_path"] for c in yaml.safe_load(text)["trainer"]["callbacks"]]
     assert callbacks == ["gpt_lit.callbacks.ContinuationWriter", "lightning.pytorch.callbacks.ModelCheckpoint"]
     return text
 
 
-@functools.cache
 def residual_without_diagnostics() -> str:
-    """``residual_without_diagnostics_text`` as a file named residual.yaml (runs keep the name)."""
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="gpt_lit_configs_")) / "residual.yaml"
-    path.write_text(residual_without_diagnostics_text())
-    return str(path)
+    """``residual_without_diagnostics_text`` as a file named residual.yaml."""
+    residual_without_diagnostics_text()  # checks what is left
+    return residual_file_without(DIAGNOSTICS)
 
 
 # A model small enough to train for a few steps in seconds, same code paths as the chapter's configs.

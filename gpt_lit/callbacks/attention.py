@@ -129,9 +129,9 @@ class AttentionFigure:
     title (drawn once per block), the epoch's "after epoch k" (drawn once per epoch) and the weights, painted with
     numpy: each token's cell ``cell`` x ``cell`` pixels of its colour from the image's own colour map and scale
     (white where the mask hides the future), the nearest-neighbour picture Agg would resample, at a fraction of
-    its cost (docs/performance.md). Where the title and the epoch's text would share columns (a narrow figure),
-    both are drawn for each image (matplotlib's blitting: ``restore_region``, ``draw_artist``). The pixels equal a
-    full draw's (tests check)."""
+    its cost (docs/performance.md). A title or "when" wider than the figure made room for (block 100, epoch
+    1,000 on) would cross the column between them: then both are drawn for that image (matplotlib's blitting:
+    ``restore_region``, ``draw_artist``). The pixels equal a full draw's (tests check)."""
 
     def __init__(self, weights: torch.Tensor, labels: list[str]):
         self.fig = attention_figure(weights, labels, block=1, epoch=0)
@@ -156,16 +156,15 @@ class AttentionFigure:
             self.cols.stop - self.cols.start,
         ):
             raise ValueError("the attention image does not cover a whole number of pixels per token")
-        # The column where the title's part of the top band ends and the epoch's begins, if the widest title and
-        # the widest "after epoch" or "epoch k, step s" text leave a gap between them (else None: both drawn for each
-        # image).
+        # The column where the title's part of the top band ends and the epoch's begins: the middle of the gap that
+        # attention_figure leaves between the widest title and the widest "after epoch" or "epoch k, step s".
         renderer = self.canvas.get_renderer()
         self.title.set_text(WIDEST_TITLE)
         title_end, when_start = self.title.get_window_extent(renderer).x1, math.inf
         for widest in WIDEST_WHEN:
             self.when.set_text(widest)
             when_start = min(when_start, self.when.get_window_extent(renderer).x0)
-        self.split = round((title_end + when_start) / 2) if title_end + 2 < when_start else None
+        self.split = round((title_end + when_start) / 2)
         self.titles: dict[int, np.ndarray | None] = {}  # block: the top band's pixels up to ``split``, with its title
         self.whens: tuple[str, np.ndarray | None] | None = None  # (when, the top band's pixels from ``split``)
 
@@ -196,12 +195,11 @@ class AttentionFigure:
         """The figure for ``block``'s ``weights`` (n_heads, T, T) after ``epoch`` epochs (0: the start; a fraction:
         the validation at ``step``, within an epoch), (height, width, 3) uint8 RGB."""
         when = attention_when(epoch, step)
-        if self.split is not None:
-            if block not in self.titles:
-                self.titles[block] = self.band(self.title, attention_title(block), left=True)
-            if self.whens is None or self.whens[0] != when:
-                self.whens = (when, self.band(self.when, when, left=False))
-        if self.split is None or self.titles[block] is None or self.whens[1] is None:
+        if block not in self.titles:
+            self.titles[block] = self.band(self.title, attention_title(block), left=True)
+        if self.whens is None or self.whens[0] != when:
+            self.whens = (when, self.band(self.when, when, left=False))
+        if self.titles[block] is None or self.whens[1] is None:  # a text past the room made for it
             self.title.set_text(attention_title(block))
             self.when.set_text(when)
             self.canvas.restore_region(self.background)
@@ -247,11 +245,9 @@ class AttentionMaps(ValidationProbe):
         super().__init__(num_sequences)
         self.num_tokens = num_tokens
         self.labels: list[str] = []
-        self.figure: AttentionFigure | None = None  # every block's images, drawn in full once
 
     def prepare(self, trainer: L.Trainer) -> None:
         self.labels = token_labels(self.batch[0, : self.num_tokens].tolist())
-        self.figure = None  # drawn again for this fit's sentence
 
     def measure(self, model: GPT, batch: torch.Tensor) -> tuple[list[torch.Tensor], list[float]]:
         """Per block: the sentence's weights (n_heads, num_tokens, num_tokens) and the fixed batch's mean entropy.
@@ -267,7 +263,6 @@ class AttentionMaps(ValidationProbe):
         log_scalars(trainer, {f"attention/entropy/block_{i}": v for i, v in enumerate(entropies, 1)}, step)
         writers = tensorboard_writers(trainer)
         if writers:
-            if self.figure is None:
-                self.figure = attention_figure_for(tuple(self.labels), n_heads=len(sentence[0]))
+            figure = attention_figure_for(tuple(self.labels), n_heads=len(sentence[0]))  # drawn in full once
             for i, weights in enumerate(sentence, 1):
-                add_png(writers, f"attention/block_{i}", self.figure.pixels(weights, i, epoch, step), step)
+                add_png(writers, f"attention/block_{i}", figure.pixels(weights, i, epoch, step), step)
