@@ -260,7 +260,8 @@ def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, mo
     def write_half_then_fill_the_disk(fd, data):  # the first write gets half the bytes on disk, then no room
         if not hasattr(write_half_then_fill_the_disk, "done"):
             write_half_then_fill_the_disk.done = True
-            return real_write(fd, bytes(data[: len(data) // 2]))
+            half = len(data) // 2 // checkpointing.BLOCK * checkpointing.BLOCK  # whole blocks: O_DIRECT takes them
+            return real_write(fd, data[:half])
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "write", write_half_then_fill_the_disk)
@@ -273,6 +274,80 @@ def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, mo
     assert f"the last good checkpoint is {path}" in message and "\n" not in message
     assert torch.load(path, weights_only=False)["step"] == 1  # whole and loadable
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+def o_direct_here(folder: Path) -> bool:
+    """Whether files in ``folder`` take O_DIRECT (Linux, and not every filesystem: tmpfs has none)."""
+    try:
+        fd = os.open(folder / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except (AttributeError, OSError):
+        return False
+    os.close(fd)
+    return True
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096, 10 * 4096 + 5])
+def test_a_checkpoints_bytes_are_written_whole_at_any_size(tmp_path, monkeypatch, size):
+    """Whole 4 KiB blocks go past the page cache (three at a time here, so the staging buffer is reused), the last
+    partial block through it; the file is the bytes, whatever the size."""
+    monkeypatch.setattr(checkpointing, "STAGE", 3 * checkpointing.BLOCK)
+    data = os.urandom(size)
+    checkpointing.write_atomically(memoryview(data), tmp_path / "x.ckpt")
+    assert (tmp_path / "x.ckpt").read_bytes() == data
+
+
+def test_whole_blocks_are_written_past_the_page_cache(tmp_path, monkeypatch):
+    if not o_direct_here(tmp_path):
+        pytest.skip("this filesystem has no O_DIRECT")
+    fcntl = pytest.importorskip("fcntl")
+    monkeypatch.setattr(checkpointing, "STAGE", 3 * checkpointing.BLOCK)
+    real_write, writes = os.write, []
+
+    def write(fd, data):  # each write's length and whether it went past the page cache
+        writes.append((len(data), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    data = os.urandom(7 * 4096 + 100)
+    with open(tmp_path / "x", "wb") as f:
+        assert checkpointing.write_uncached(f.fileno(), memoryview(data)) == 7 * 4096
+        assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_DIRECT  # the descriptor as it was
+    assert writes == [(3 * 4096, True), (3 * 4096, True), (4096, True)]
+    assert (tmp_path / "x").read_bytes() == data[: 7 * 4096]
+
+
+@pytest.mark.parametrize("how", ["refused", "short", "no O_DIRECT"])
+def test_where_the_page_cache_cannot_be_passed_the_rest_goes_through_it(tmp_path, monkeypatch, how):
+    """A filesystem that refuses O_DIRECT, or a write past the page cache refused (EINVAL) or cut short inside a
+    block: the rest of the bytes go through the page cache, and the file is whole."""
+    if how != "no O_DIRECT" and not o_direct_here(tmp_path):
+        pytest.skip("this filesystem has no O_DIRECT")
+    fcntl = pytest.importorskip("fcntl")
+    real_write, real_fcntl = os.write, fcntl.fcntl
+
+    def write(fd, data):
+        flags = real_fcntl(fd, fcntl.F_GETFL)
+        if flags & os.O_DIRECT and how == "refused":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if flags & os.O_DIRECT and not hasattr(write, "short"):  # stops short inside a block; the kernel refuses
+            write.short = True  # the next write past the page cache, from an offset out of step with the blocks
+            real_fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+            try:
+                return real_write(fd, data[:4091])
+            finally:
+                real_fcntl(fd, fcntl.F_SETFL, flags)
+        return real_write(fd, data)
+
+    def no_o_direct(fd, cmd, arg=0):
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fcntl(fd, cmd, arg)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(fcntl, "fcntl", no_o_direct if how == "no O_DIRECT" else real_fcntl)
+    data = os.urandom(5 * 4096 + 7)
+    checkpointing.write_atomically(memoryview(data), tmp_path / "x.ckpt")
+    assert (tmp_path / "x.ckpt").read_bytes() == data
 
 
 @pytest.mark.parametrize(
