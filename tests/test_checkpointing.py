@@ -309,9 +309,10 @@ def test_whole_blocks_are_written_past_the_page_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "write", write)
     data = os.urandom(7 * 4096 + 100)
-    with open(tmp_path / "x", "wb") as f:
+    with open(tmp_path / "x", "ab") as f:  # O_APPEND among its flags
+        flags = fcntl.fcntl(f.fileno(), fcntl.F_GETFL)
         assert checkpointing.write_uncached(f.fileno(), memoryview(data)) == 7 * 4096
-        assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_DIRECT  # the descriptor as it was
+        assert fcntl.fcntl(f.fileno(), fcntl.F_GETFL) == flags  # the descriptor as it was
     assert writes == [(3 * 4096, True), (3 * 4096, True), (4096, True)]
     assert (tmp_path / "x").read_bytes() == data[: 7 * 4096]
 
