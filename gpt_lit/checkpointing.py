@@ -108,34 +108,38 @@ def write_atomically(data: memoryview, path: Path) -> None:
 
 def write_uncached(fd: int, data: memoryview) -> int:
     """Write the whole blocks at the start of ``data`` to ``fd`` past the page cache (Linux's O_DIRECT); the number
-    of bytes written (0 where the filesystem or the system has no O_DIRECT, as tmpfs, macOS and Windows).
+    of bytes written (0 where the system or the filesystem has no O_DIRECT: macOS, Windows, some filesystems).
 
     A checkpoint is read again only to resume, and put through the page cache it first takes 347 MB of fresh
-    pages there at every save: on a VM whose host takes back the guest's free memory, that was 0.1-1.5 s of the
+    pages there at every save: on a VM whose host takes back the guest's free memory, that was up to 1.9 s of the
     kernel's time on one of the cores training runs on (docs/performance.md). A refused write stops it where it is:
     the caller writes the rest through the page cache, where a full disk raises its error."""
     o_direct = getattr(os, "O_DIRECT", 0)
     whole = len(data) - len(data) % BLOCK
     if not (o_direct and fcntl and whole):
         return 0
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags | o_direct)
-    except OSError:  # the filesystem has no O_DIRECT
+        stage = mmap.mmap(-1, min(STAGE, whole))  # page-aligned memory
+    except OSError:  # no memory for it: the page cache
         return 0
     done = 0
-    try:
-        with mmap.mmap(-1, min(STAGE, whole)) as stage, memoryview(stage) as view:  # page-aligned memory
+    with stage, memoryview(stage) as view:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags | o_direct)
+        except OSError:  # the filesystem has no O_DIRECT
+            return 0
+        try:
             while done < whole:
                 n = min(len(view), whole - done)
                 view[:n] = data[done : done + n]
                 with view[:n] as chunk:  # released even where an error keeps the write's frame
                     done += os.write(fd, chunk)  # a short write leaves ``done`` where the next one starts
-    except OSError as e:
-        if e.errno != errno.EINVAL:  # EINVAL: a filesystem that takes the flag but not this write, or an offset
-            raise  # out of step after a short write
-    finally:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: a filesystem that takes the flag but not this write, or an
+                raise  # offset out of step after a short write
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     return done
 
 

@@ -276,14 +276,36 @@ def test_a_save_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
 
 
+O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; macOS and Windows have none
+
+
 def o_direct_here(folder: Path) -> bool:
-    """Whether files in ``folder`` take O_DIRECT (Linux, and not every filesystem: tmpfs has none)."""
+    """Whether files in ``folder`` take O_DIRECT (Linux, and not every filesystem)."""
+    if not O_DIRECT:
+        return False
     try:
-        fd = os.open(folder / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
-    except (AttributeError, OSError):
+        fd = os.open(folder / ".probe", os.O_WRONLY | os.O_CREAT | O_DIRECT, 0o600)
+    except OSError:
         return False
     os.close(fd)
+    os.unlink(folder / ".probe")
     return True
+
+
+def direct_writes(monkeypatch) -> list[tuple[int, bool]]:
+    """From now on, each ``os.write``'s length and whether it went past the page cache (O_DIRECT on)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no O_DIRECT either
+        fcntl = None
+    real_write, writes = os.write, []
+
+    def write(fd, data):
+        writes.append((len(data), bool(fcntl and fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return writes
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096, 10 * 4096 + 5])
@@ -291,9 +313,13 @@ def test_a_checkpoints_bytes_are_written_whole_at_any_size(tmp_path, monkeypatch
     """Whole 4 KiB blocks go past the page cache (three at a time here, so the staging buffer is reused), the last
     partial block through it; the file is the bytes, whatever the size."""
     monkeypatch.setattr(checkpointing, "STAGE", 3 * checkpointing.BLOCK)
+    writes = direct_writes(monkeypatch)
     data = os.urandom(size)
     checkpointing.write_atomically(memoryview(data), tmp_path / "x.ckpt")
     assert (tmp_path / "x.ckpt").read_bytes() == data
+    if o_direct_here(tmp_path):  # every whole block went past the page cache, the rest through it
+        assert sum(n for n, direct in writes if direct) == size // 4096 * 4096
+        assert sum(n for n, direct in writes if not direct) == size % 4096
 
 
 def test_whole_blocks_are_written_past_the_page_cache(tmp_path, monkeypatch):
@@ -301,13 +327,7 @@ def test_whole_blocks_are_written_past_the_page_cache(tmp_path, monkeypatch):
         pytest.skip("this filesystem has no O_DIRECT")
     fcntl = pytest.importorskip("fcntl")
     monkeypatch.setattr(checkpointing, "STAGE", 3 * checkpointing.BLOCK)
-    real_write, writes = os.write, []
-
-    def write(fd, data):  # each write's length and whether it went past the page cache
-        writes.append((len(data), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    writes = direct_writes(monkeypatch)
     data = os.urandom(7 * 4096 + 100)
     with open(tmp_path / "x", "ab") as f:  # O_APPEND among its flags
         flags = fcntl.fcntl(f.fileno(), fcntl.F_GETFL)
@@ -317,22 +337,22 @@ def test_whole_blocks_are_written_past_the_page_cache(tmp_path, monkeypatch):
     assert (tmp_path / "x").read_bytes() == data[: 7 * 4096]
 
 
-@pytest.mark.parametrize("how", ["refused", "short", "no O_DIRECT"])
+@pytest.mark.parametrize("how", ["refused", "short", "no O_DIRECT", "no memory"])
 def test_where_the_page_cache_cannot_be_passed_the_rest_goes_through_it(tmp_path, monkeypatch, how):
-    """A filesystem that refuses O_DIRECT, or a write past the page cache refused (EINVAL) or cut short inside a
-    block: the rest of the bytes go through the page cache, and the file is whole."""
-    if how != "no O_DIRECT" and not o_direct_here(tmp_path):
+    """A filesystem that refuses O_DIRECT, a write past the page cache refused (EINVAL) or cut short inside a
+    block, or no memory for the aligned buffer: the rest of the bytes go through the page cache, the file is whole."""
+    if how in ("refused", "short") and not o_direct_here(tmp_path):
         pytest.skip("this filesystem has no O_DIRECT")
     fcntl = pytest.importorskip("fcntl")
     real_write, real_fcntl = os.write, fcntl.fcntl
 
     def write(fd, data):
         flags = real_fcntl(fd, fcntl.F_GETFL)
-        if flags & os.O_DIRECT and how == "refused":
+        if flags & O_DIRECT and how == "refused":
             raise OSError(errno.EINVAL, "Invalid argument")
-        if flags & os.O_DIRECT and not hasattr(write, "short"):  # stops short inside a block; the kernel refuses
+        if flags & O_DIRECT and not hasattr(write, "short"):  # stops short inside a block; the kernel refuses
             write.short = True  # the next write past the page cache, from an offset out of step with the blocks
-            real_fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+            real_fcntl(fd, fcntl.F_SETFL, flags & ~O_DIRECT)
             try:
                 return real_write(fd, data[:4091])
             finally:
@@ -340,12 +360,17 @@ def test_where_the_page_cache_cannot_be_passed_the_rest_goes_through_it(tmp_path
         return real_write(fd, data)
 
     def no_o_direct(fd, cmd, arg=0):
-        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+        if cmd == fcntl.F_SETFL and arg & O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_fcntl(fd, cmd, arg)
 
     monkeypatch.setattr(os, "write", write)
+    def no_memory(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
     monkeypatch.setattr(fcntl, "fcntl", no_o_direct if how == "no O_DIRECT" else real_fcntl)
+    if how == "no memory":
+        monkeypatch.setattr(checkpointing.mmap, "mmap", no_memory)
     data = os.urandom(5 * 4096 + 7)
     checkpointing.write_atomically(memoryview(data), tmp_path / "x.ckpt")
     assert (tmp_path / "x.ckpt").read_bytes() == data
