@@ -364,10 +364,10 @@ def test_where_the_page_cache_cannot_be_passed_the_rest_goes_through_it(tmp_path
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_fcntl(fd, cmd, arg)
 
-    monkeypatch.setattr(os, "write", write)
     def no_memory(*args, **kwargs):
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
+    monkeypatch.setattr(os, "write", write)
     monkeypatch.setattr(fcntl, "fcntl", no_o_direct if how == "no O_DIRECT" else real_fcntl)
     if how == "no memory":
         monkeypatch.setattr(checkpointing.mmap, "mmap", no_memory)
