@@ -63,8 +63,9 @@ class GPTLightning(L.LightningModule):
                 differ from an uncompiled run's (the same seed, other masks); with dropout 0, and in evaluation,
                 they agree to float rounding.
             fused_loss: Compute the output head and the cross-entropy together (``head_cross_entropy``):
-                fewer passes over the logits when training, and evaluation in chunks of rows, never holding
-                a whole batch's logits. Same losses as ``F.cross_entropy(model(x), y)`` to float rounding.
+                fewer passes over the logits when training, and evaluation in tiles of 1024 tokens x 2048 words
+                of logits that stay in the CPU's caches (``vocab_blocked_token_losses``), never holding a whole
+                batch's logits. Same losses as ``F.cross_entropy(model(x), y)`` to float rounding.
                 Not used under fp16 precision (16-mixed, 16-true) or a strategy that shards the parameters
                 (FSDP): there the loss is ``F.cross_entropy(model(x), y)``.
             fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA): one pass over all the parameters per

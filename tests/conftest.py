@@ -241,7 +241,7 @@ GROUPS = {
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
                                "test_pretrained", "test_resume_windows", "test_safe_checkpoints",
-                               "test_when_and_whom"]},
+                               "test_tensorboard_docs", "test_when_and_whom"]},
 }  # fmt: skip
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     GROUPS["test_fault_matrix"] = "test_fault_matrix"

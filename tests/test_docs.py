@@ -248,3 +248,29 @@ def test_the_documented_defaults_are_the_options_defaults(help_text):
         block = help_text.split(f"\n  --{option} ", 1)[1].split("\n  --", 1)[0]  # its entry, not the usage line
         default = re.search(r"default: (\S+?)\)", " ".join(block.split()))[1]
         assert default.lower() == documented, f"docs/performance.md: {option} defaults to {default}, not {documented}"
+
+
+def test_no_page_types_a_count_of_the_suites_tests():
+    """Each test added changes the count: the docs say how to count them (``--collect-only``), not how many."""
+    typed = {doc.name: re.findall(r"\b\d{3,} tests\b", doc.read_text(encoding="utf-8")) for doc in DOCS}
+    assert not any(typed.values()), f"test counts typed in the docs: {typed}"
+
+
+def test_the_checkpoint_size_is_the_chapters_parameters_three_times_in_fp32():
+    """Weights and AdamW's two moments, 4 bytes each: the size in MB; the run's state adds bytes that vary by run, so
+    no page gives it to the byte."""
+    from gpt_lit.model import GPT, GPTConfig
+
+    chapter = GPTConfig(context_length=128, emb_dim=256, n_layers=4, n_heads=4)  # configs/residual.yaml's
+    megabytes = round(3 * 4 * sum(p.numel() for p in GPT(chapter).parameters()) / 1e6)
+    assert f"A checkpoint of the chapter's model is {megabytes} MB" in (REPO / "docs" / "performance.md").read_text()
+    to_the_byte = {doc.name: re.findall(r"\b\d{3},\d{3},\d{3} bytes", doc.read_text(encoding="utf-8")) for doc in DOCS}
+    assert not any(to_the_byte.values()), to_the_byte
+
+
+def test_fused_loss_help_gives_evaluations_tiles(help_text):
+    """``vocab_blocked_token_losses`` evaluates tiles of ROWS tokens by BLOCK words; the help says so."""
+    from gpt_lit.loss import BLOCK, ROWS
+
+    entry = " ".join(help_text.split("\n  --model.fused_loss ", 1)[1].split("\n  --", 1)[0].split())
+    assert f"evaluation in tiles of {ROWS} tokens x {BLOCK} words" in entry
