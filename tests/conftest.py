@@ -240,7 +240,7 @@ GROUPS = {
     **dict.fromkeys(["test_answers", "test_cli", "test_export", "test_robustness", "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
-                               "test_pretrained", "test_resume_windows", "test_safe_checkpoints",
+                               "test_pretrained", "test_readme", "test_resume_windows", "test_safe_checkpoints",
                                "test_tensorboard_docs", "test_when_and_whom"]},
 }  # fmt: skip
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
@@ -249,7 +249,7 @@ if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
 # `--durations=0` under xdist, summed per group).
 SECONDS = {"test_ddp": 64, "test_resume_windows": 12, "tiny_run": 75, "test_fault_matrix": 44, "chapter": 30,
            "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
-           "test_safe_checkpoints": 11,
+           "test_safe_checkpoints": 11, "test_readme": 70,
            # test_ddp: ~50 s, on two processes, so it counts more and goes first, while the other worker has much to do
            # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
