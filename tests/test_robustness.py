@@ -210,6 +210,20 @@ def test_checkpoint_that_is_missing_truncated_or_not_a_checkpoint(capsys, tmp_pa
 
 
 @pytest.mark.parametrize(
+    "content", [b"a text file\n", b"", bytes(range(256)), "cut"], ids=["text", "empty", "bytes", "cut"]
+)
+def test_a_file_that_is_not_a_checkpoint(capsys, tmp_path, content):
+    notes = tmp_path / "notes.ckpt"
+    if content == "cut":  # a checkpoint cut short
+        torch.save({"state_dict": {"w": torch.zeros(1000)}}, notes)
+        content = notes.read_bytes()[:3000]
+    notes.write_bytes(content)
+    line = error_line(capsys, "test", *RUN, "--ckpt_path", str(notes))
+    assert line == f"error: {notes} is not a readable checkpoint: truncated, or not a PyTorch file (not a complete " \
+        "zip archive, as every checkpoint is)"  # fmt: skip
+
+
+@pytest.mark.parametrize(
     "change, words",
     [
         (["--model.config.emb_dim", "64"], ["model.config.emb_dim is 32 in the checkpoint but 64 here",
