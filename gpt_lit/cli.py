@@ -162,6 +162,7 @@ class GPTLitCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
         kwargs.setdefault("prog", PROG)
+        kwargs.setdefault("allow_abbrev", False)  # `--model.config.n_layer` is a typo, not `--model.config.n_layers`
         if issubclass(self.parser_class, GPTLitParser):
             kwargs.setdefault("command_line", self.command_line)
         parser = self.parser_class(**kwargs)

@@ -164,6 +164,13 @@ def test_accelerator_the_machine_lacks(capsys, accelerator):
     assert accelerator.upper() in line  # Lightning's own words after `error:`; gpt_lit's part is the one line
 
 
+@pytest.mark.parametrize("typo", [["--model.config.n_layer", "1"], ["--trainer.max_epoch=1"]], ids=["n_layer", "="])
+def test_the_start_of_an_option_is_not_taken_for_it(capsys, tmp_path, typo):
+    line = error_line(capsys, "fit", *RUN, "--trainer.max_epochs", "1", *typo)
+    assert line == f"error: unrecognized arguments: {' '.join(typo)} (--help lists the options)"
+    assert not (tmp_path / "lightning_logs").exists()  # nothing trained, nothing written
+
+
 @pytest.mark.parametrize(
     "content, words",
     [
