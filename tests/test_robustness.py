@@ -151,17 +151,17 @@ def test_a_second_ctrl_c_stops_at_once(capfd, tmp_path):
     assert ckpt["global_step"] == 3  # the last exact state, epoch 0's end (3 steps): step 4 was not finished
 
 
-@pytest.mark.parametrize("accelerator", ["mps", "cuda"])
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda", "mps"])
 def test_accelerator_the_machine_lacks(capsys, accelerator):
-    if (
-        accelerator == "cuda"
-        and torch.cuda.is_available()
-        or accelerator == "mps"
-        and torch.backends.mps.is_available()
-    ):
+    has = ["cpu", *["cuda"] * torch.cuda.is_available(), *["mps"] * torch.backends.mps.is_available()]
+    if accelerator in has or accelerator == "gpu" and len(has) > 1:
         pytest.skip(f"this machine has {accelerator}")
     line = error_line(capsys, "fit", *RUN, "--trainer.accelerator", accelerator)
-    assert accelerator.upper() in line  # Lightning's own words after `error:`; gpt_lit's part is the one line
+    assert line == (
+        f"error: --trainer.accelerator {accelerator}: Lightning finds no {accelerator.upper()} device on this "
+        f"machine, which has: {', '.join(has)}; use --trainer.accelerator {' or '.join(has)}, or auto for the best "
+        "of them"
+    )
 
 
 @pytest.mark.parametrize("typo", [["--model.config.n_layer", "1"], ["--trainer.max_epoch=1"]], ids=["n_layer", "="])
