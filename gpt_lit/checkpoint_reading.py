@@ -17,6 +17,7 @@ import dataclasses
 import pickle
 import re
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +104,16 @@ def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], boo
         raise GptLitError(f"checkpoint {path} does not exist")
     if not file.is_file():
         raise GptLitError(f"checkpoint {path} is a directory, not a .ckpt file")
+    unreadable = f"{path} is not a readable checkpoint: truncated, or not a PyTorch file"
+    if not zipfile.is_zipfile(file):  # text, empty, cut short: torch.load's message would be about mmap
+        raise GptLitError(f"{unreadable} (not a complete zip archive, as every checkpoint is)")
     try:
         ckpt, trusted = load_checkpoint(file, trust, map_location="cpu", mmap=True)
     except GptLitError:
         raise
-    except Exception as e:  # a truncated zip, a text file, a pickle of something else: all unreadable here
+    except Exception as e:  # a zip archive of something else: unreadable here
         reason = one_line(e).split(". ")[0] or type(e).__name__
-        raise GptLitError(f"{path} is not a readable checkpoint: truncated, or not a PyTorch file ({reason})") from None
+        raise GptLitError(f"{unreadable} ({reason})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise GptLitError(f"{path} is a PyTorch file but not a Lightning checkpoint (it has no state_dict)")
     return ckpt, trusted

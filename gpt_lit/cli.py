@@ -47,7 +47,7 @@ from gpt_lit.checkpointing import AtomicCheckpointIO
 from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
 from gpt_lit.data import TimeMachineData
 from gpt_lit.error_source import where_from
-from gpt_lit.errors import GptLitError, about_the_configuration, fail, one_line, short_type_error
+from gpt_lit.errors import GptLitError, about_the_configuration, check_accelerator, fail, one_line, short_type_error
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
@@ -162,6 +162,7 @@ class GPTLitCLI(LightningCLI):
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
         kwargs.setdefault("prog", PROG)
+        kwargs.setdefault("allow_abbrev", False)  # `--model.config.n_layer` is a typo, not `--model.config.n_layers`
         if issubclass(self.parser_class, GPTLitParser):
             kwargs.setdefault("command_line", self.command_line)
         parser = self.parser_class(**kwargs)
@@ -206,6 +207,7 @@ class GPTLitCLI(LightningCLI):
         if plan is None or not plan.subcommand:
             return
         config = self.config[plan.subcommand]
+        check_accelerator(config.get("trainer.accelerator"))  # before the model is built
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
         if plan.subcommand in ("test", "predict"):
             log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)

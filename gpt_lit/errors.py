@@ -9,6 +9,7 @@ import traceback
 from typing import NoReturn
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.accelerators import AcceleratorRegistry
 
 
 class GptLitError(Exception):
@@ -59,3 +60,17 @@ def about_the_configuration(e: BaseException) -> bool:
     running = names & {"fit", "validate", "test", "predict", "export"}  # the Trainer method of the subcommand
     configuring = not running and bool(names & {"parse_arguments", "instantiate_classes"})
     return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
+
+
+def check_accelerator(name: object) -> None:
+    """Raise a GptLitError when ``trainer.accelerator`` names one this machine lacks, saying which it has and what
+    to type: Lightning's own message for ``gpu`` names none ("No supported gpu backend found!")."""
+    names = AcceleratorRegistry.available_accelerators()
+    if not isinstance(name, str) or name not in {"gpu", *names}:
+        return  # auto, an Accelerator object, or a name Lightning refuses itself with the names it knows
+    has = sorted(n for n in names if AcceleratorRegistry[n]["accelerator"].is_available())
+    if name not in has and not (name == "gpu" and {"cuda", "mps"} & set(has)):  # Lightning's gpu: CUDA or MPS
+        raise GptLitError(
+            f"--trainer.accelerator {name}: Lightning finds no {name.upper()} device on this machine, which has: "
+            f"{', '.join(has)}; use --trainer.accelerator {' or '.join(has)}, or auto for the best of them"
+        )

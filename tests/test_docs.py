@@ -171,7 +171,8 @@ def dotted_options() -> dict[str, str]:
     found: dict[str, str] = {}
     for doc in DOCS:
         for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
-            if "must be given via" in line:  # the error line for an option that is linked, not given
+            if "must be given via" in line or "unrecognized arguments: " in line:  # the error lines for an option
+                # that is linked, not given, and for one that does not exist
                 continue
             for option in re.findall(r"(?<![\w-])--[a-z_]+(?:\.[a-z_0-9]+)+", line):
                 found.setdefault(option.rstrip("."), f"{doc.relative_to(REPO)}:{number}")

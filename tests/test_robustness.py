@@ -151,17 +151,24 @@ def test_a_second_ctrl_c_stops_at_once(capfd, tmp_path):
     assert ckpt["global_step"] == 3  # the last exact state, epoch 0's end (3 steps): step 4 was not finished
 
 
-@pytest.mark.parametrize("accelerator", ["mps", "cuda"])
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda", "mps"])
 def test_accelerator_the_machine_lacks(capsys, accelerator):
-    if (
-        accelerator == "cuda"
-        and torch.cuda.is_available()
-        or accelerator == "mps"
-        and torch.backends.mps.is_available()
-    ):
+    has = ["cpu", *["cuda"] * torch.cuda.is_available(), *["mps"] * torch.backends.mps.is_available()]
+    if accelerator in has or accelerator == "gpu" and len(has) > 1:
         pytest.skip(f"this machine has {accelerator}")
     line = error_line(capsys, "fit", *RUN, "--trainer.accelerator", accelerator)
-    assert accelerator.upper() in line  # Lightning's own words after `error:`; gpt_lit's part is the one line
+    assert line == (
+        f"error: --trainer.accelerator {accelerator}: Lightning finds no {accelerator.upper()} device on this "
+        f"machine, which has: {', '.join(has)}; use --trainer.accelerator {' or '.join(has)}, or auto for the best "
+        "of them"
+    )
+
+
+@pytest.mark.parametrize("typo", [["--model.config.n_layer", "1"], ["--trainer.max_epoch=1"]], ids=["n_layer", "="])
+def test_the_start_of_an_option_is_not_taken_for_it(capsys, tmp_path, typo):
+    line = error_line(capsys, "fit", *RUN, "--trainer.max_epochs", "1", *typo)
+    assert line == f"error: unrecognized arguments: {' '.join(typo)} (--help lists the options)"
+    assert not (tmp_path / "lightning_logs").exists()  # nothing trained, nothing written
 
 
 @pytest.mark.parametrize(
@@ -207,6 +214,20 @@ def test_checkpoint_that_is_missing_truncated_or_not_a_checkpoint(capsys, tmp_pa
     torch.save({"tok_emb.weight": torch.zeros(3)}, weights)
     line = error_line(capsys, "test", *config, "--ckpt_path", str(weights))
     assert f"{weights} is a PyTorch file but not a Lightning checkpoint" in line
+
+
+@pytest.mark.parametrize(
+    "content", [b"a text file\n", b"", bytes(range(256)), "cut"], ids=["text", "empty", "bytes", "cut"]
+)
+def test_a_file_that_is_not_a_checkpoint(capsys, tmp_path, content):
+    notes = tmp_path / "notes.ckpt"
+    if content == "cut":  # a checkpoint cut short
+        torch.save({"state_dict": {"w": torch.zeros(1000)}}, notes)
+        content = notes.read_bytes()[:3000]
+    notes.write_bytes(content)
+    line = error_line(capsys, "test", *RUN, "--ckpt_path", str(notes))
+    assert line == f"error: {notes} is not a readable checkpoint: truncated, or not a PyTorch file (not a complete " \
+        "zip archive, as every checkpoint is)"  # fmt: skip
 
 
 @pytest.mark.parametrize(
