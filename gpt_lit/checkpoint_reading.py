@@ -105,7 +105,12 @@ def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], boo
     if not file.is_file():
         raise GptLitError(f"checkpoint {path} is a directory, not a .ckpt file")
     unreadable = f"{path} is not a readable checkpoint: truncated, or not a PyTorch file"
-    if not zipfile.is_zipfile(file):  # text, empty, cut short: torch.load's message would be about mmap
+    try:
+        with file.open("rb") as f:
+            whole = zipfile.is_zipfile(f)
+    except OSError as e:
+        raise GptLitError(f"checkpoint {path} cannot be read ({e.strerror or e}); check its permissions") from None
+    if not whole:  # text, empty, cut short: torch.load's message would be about mmap
         raise GptLitError(f"{unreadable} (not a complete zip archive, as every checkpoint is)")
     try:
         ckpt, trusted = load_checkpoint(file, trust, map_location="cpu", mmap=True)
