@@ -51,6 +51,7 @@ from gpt_lit.errors import GptLitError, about_the_configuration, check_accelerat
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
+from gpt_lit.prompts import read_prompts
 from gpt_lit.run_plan import RunPlan, make_plan
 from gpt_lit.runs import PROG, continue_run, log_beside_run, with_run_config
 from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
@@ -186,6 +187,8 @@ class GPTLitCLI(LightningCLI):
         # or not; every hook after this reads it.
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
+        if subcommand == "predict":  # the prompts, before the checkpoint is read or anything is built or written
+            read_prompts(config.get("data.prompts"), config.get("data.prompts_file"))
         self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml
@@ -220,6 +223,7 @@ class GPTLitCLI(LightningCLI):
             fetch(config.get("model.init_from"))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        self.datamodule.check_inputs(self.subcommand)  # the book, the prompts: before the Trainer says a word
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
@@ -261,9 +265,11 @@ class GPTLitCLI(LightningCLI):
         self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:
-        """``before_fit``, ``before_validate``, ``before_test``, ``before_predict``: the checkpoint checked, the log
-        folder writable, and a resume's CSV logs read before Lightning's CSVLogger deletes them."""
+        """``before_fit``, ``before_validate``, ``before_test``, ``before_predict``: the checkpoint and what the data
+        module reads checked (before the Trainer runs: its logger writes as it starts), the log folder writable, and
+        a resume's CSV logs read before Lightning's CSVLogger deletes them."""
         self.check_checkpoint()
+        self.datamodule.check_inputs(self.subcommand, self.trainer.world_size)  # one prompt or batch a process
         check_writable(self.trainer)
         if self.plan is not None and self.plan.resumes and self.last_checkpoint is not None:
             self.last_checkpoint.read_csv_logs(self.trainer)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from gpt_lit.book_source import BOOK_FILE, default_data_dir, ensure_book, load_book
 from gpt_lit.epoch_order import GlobalOrderSampler, check_same_order, order_settings, steps_left
 from gpt_lit.errors import GptLitError
-from gpt_lit.prompts import Prompts, read_prompts_file
+from gpt_lit.prompts import Prompts, read_prompts
 from gpt_lit.tokenizer import encode, get_tokenizer
 from gpt_lit.windows import TokenWindows, skipped_text
 
@@ -99,6 +99,7 @@ class TimeMachineData(L.LightningDataModule):
         self.book_ids: torch.Tensor | None = None  # the whole story's tokens (for the unigram baseline)
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
+        self.predict_set: Prompts | None = None
         self.saved_position: dict | None = None  # a checkpoint's state_dict(), until train_dataloader() uses it
         # (epoch, windows of its global order done, batches Lightning counts as done) where a resumed epoch started
         self.resume_at: tuple[int, int, int] | None = None
@@ -107,9 +108,35 @@ class TimeMachineData(L.LightningDataModule):
         if self.trainer is None or self.trainer.state.fn != "predict":
             ensure_book(self.data_dir, self.download)  # downloads once, on one process; setup() reads it
 
+    def check_inputs(self, stage: str | None, world: int | None = None) -> None:
+        """Read and check what ``stage`` reads of the data: predict's prompts; the book's windows for fit, validate
+        and test (a book still to be downloaded is left to prepare_data, which downloads it on one process). With
+        ``world``, the number of processes, also that each gets a prompt, or for fit a full training batch. The CLI
+        calls it before the Trainer is built, and with its processes before it runs (its logger writes as it
+        starts). A mistake is a GptLitError."""
+        if stage == "predict":
+            prompts = self.prompt_set()
+            if world is not None and len(prompts) < world:
+                raise GptLitError(
+                    f"{len(prompts)} prompt(s) for {world} processes: predict continues each prompt on one process, "
+                    f"so give at least {world} prompts, or run predict on one process (--trainer.devices 1)"
+                )
+        elif stage in ("fit", "validate", "test"):
+            if self.download and not (Path(self.data_dir) / BOOK_FILE).is_file():
+                return  # prepare_data downloads it, on one process; setup reads it
+            self.load_windows()
+            if stage == "fit" and world is not None:
+                self.check_full_batches(world)
+
     def setup(self, stage: str) -> None:
         if stage == "predict":
             return
+        self.load_windows()
+        if stage == "fit":
+            self.check_full_batches()
+
+    def load_windows(self) -> None:
+        """The book's training and validation windows (read once); a GptLitError when there is not one of each."""
         if self.train_set is not None:
             return
         text = load_book(self.data_dir, self.download)
@@ -127,12 +154,11 @@ class TimeMachineData(L.LightningDataModule):
                 )
         if self.stride > self.context_length and rank_zero_only.rank == 0:
             print(f"note: {skipped_text(self.train_set, self.val_set)}", file=sys.stderr)
-        if stage == "fit":
-            self.check_full_batches()
 
-    def check_full_batches(self) -> None:
-        """Raise a GptLitError unless every process gets at least one full training batch an epoch."""
-        world, _ = self._processes()
+    def check_full_batches(self, world: int | None = None) -> None:
+        """Raise a GptLitError unless each of ``world`` processes (default: the Trainer's) gets at least one full
+        training batch an epoch."""
+        world = world or self._processes()[0]
         windows, each = len(self.train_set), len(self.train_set) // world
         if each >= self.batch_size:
             return
@@ -252,16 +278,12 @@ class TimeMachineData(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_set, self.eval_batch_size)
 
+    def prompt_set(self) -> Prompts:
+        """predict's prompts (``read_prompts``), read once."""
+        if self.predict_set is None:
+            self.predict_set = Prompts(read_prompts(self.prompts, self.prompts_file), self.context_length)
+        return self.predict_set
+
     def predict_dataloader(self) -> DataLoader:
-        prompts = list(self.prompts)
-        if self.prompts_file:
-            prompts += read_prompts_file(self.prompts_file)
-        if not prompts:
-            raise GptLitError("predict needs prompts: set data.prompts in the config or data.prompts_file")
-        world, _ = self._processes()
-        if len(prompts) < world:
-            raise GptLitError(
-                f"{len(prompts)} prompt(s) for {world} processes: predict continues each prompt on one process, so "
-                f"give at least {world} prompts, or run predict on one process (--trainer.devices 1)"
-            )
-        return self._eval_loader(Prompts(prompts, self.context_length), 1)
+        self.check_inputs("predict", self._processes()[0])
+        return self._eval_loader(self.prompt_set(), 1)

@@ -15,13 +15,33 @@ from gpt_lit.tokenizer import encode
 def read_prompts_file(path: str) -> list[str]:
     """The prompts in a text file, one a line: UTF-8 (a byte-order mark is dropped), split on ``\n`` and ``\r\n``
     only, blank lines skipped. Other characters that ``str.splitlines`` would split on (``\x0c``, ``\u2028``, ...)
-    stay inside their prompt."""
+    stay inside their prompt. A file that cannot be read, or holds no prompt, is a GptLitError."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise GptLitError(f"cannot read data.prompts_file {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise GptLitError(f"data.prompts_file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise GptLitError(
+            f"cannot read data.prompts_file {path} ({e.strerror or e}); give a text file with one prompt a line"
+        ) from None
     lines = (line.removesuffix("\r") for line in text.split("\n"))
-    return [line for line in lines if line.strip()]
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise GptLitError(f"data.prompts_file {path} holds no prompt (no line with text); write one prompt a line")
+    return prompts
+
+
+def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[str]:
+    """``predict``'s prompts: ``prompts`` (data.prompts), then those of ``prompts_file`` (data.prompts_file). None
+    at all, an empty one, or a file ``read_prompts_file`` refuses is a GptLitError that says what to do. The CLI
+    calls it before the checkpoint is read; the data module, for the prompts it continues."""
+    prompts = list(prompts or []) + (read_prompts_file(prompts_file) if prompts_file else [])
+    if not prompts:
+        raise GptLitError("predict needs prompts: set data.prompts in the config or data.prompts_file")
+    for n, text in enumerate(prompts, 1):
+        if not text.strip():
+            raise GptLitError(f"prompt {n} is empty: give every prompt some text to continue")
+    return prompts
 
 
 class Prompts(Dataset):
@@ -35,8 +55,6 @@ class Prompts(Dataset):
     def __init__(self, prompts: list[str], context_length: int):
         self.texts, self.ids = [], []
         for n, text in enumerate(prompts, 1):
-            if not text.strip():
-                raise GptLitError(f"prompt {n} is empty: give every prompt some text to continue")
             ids = encode(text)  # as the book is: all of it ordinary text
             if len(ids) > context_length:
                 warnings.warn(

@@ -237,7 +237,8 @@ def load_script(name: str):
 # own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together:
 # pytest_collection_modifyitems below marks the groups and orders the units.
 GROUPS = {
-    **dict.fromkeys(["test_answers", "test_cli", "test_export", "test_robustness", "test_run_settings"], "tiny_run"),
+    **dict.fromkeys(["test_answers", "test_bad_inputs", "test_cli", "test_export", "test_robustness",
+                      "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
                                "test_pretrained", "test_readme", "test_resume_windows", "test_safe_checkpoints",

@@ -75,7 +75,7 @@ def library_messages() -> set[str]:
     import torch
     import yaml
 
-    messages = {os.strerror(errno.ENOSPC), os.strerror(errno.ENOTDIR)}
+    messages = {os.strerror(errno.ENOSPC), os.strerror(errno.ENOTDIR), os.strerror(errno.ENOENT)}
     try:
         yaml.safe_load("[1, 2")
     except yaml.YAMLError as e:

@@ -208,7 +208,9 @@ def test_checkpoint_that_is_missing_truncated_or_not_a_checkpoint(capsys, tmp_pa
 
     notes = tmp_path / "notes.ckpt"
     notes.write_text("a text file\n")
-    assert f"{notes} is not a readable checkpoint" in error_line(capsys, "predict", *config, "--ckpt_path", str(notes))
+    prompts = ["--data.prompts", '["The Time"]']  # predict reads its prompts first: they are given
+    line = error_line(capsys, "predict", *config, *prompts, "--ckpt_path", str(notes))
+    assert f"{notes} is not a readable checkpoint" in line
 
     weights = tmp_path / "weights.pt"
     torch.save({"tok_emb.weight": torch.zeros(3)}, weights)

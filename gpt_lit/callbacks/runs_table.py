@@ -106,11 +106,13 @@ class RunsTable(AfterValidation):
         """
         self.first = list(first or ["n_layers", "residual", "lr", "precision", "seed_everything"])
         self.best: float | None = None
+        self.started = False  # a session started in TensorBoard by this process (only fit starts one)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.loggers or not trainer.is_global_zero:
             return
         settings = run_settings(trainer, pl_module)
+        self.started = True
         for writer in tensorboard_writers(trainer):
             writer.file_writer.add_summary(experiment_summary(settings, self.first))
             writer.file_writer.add_summary(session_start_summary(settings))
@@ -134,7 +136,8 @@ class RunsTable(AfterValidation):
         self._end(trainer, api_pb2.STATUS_SUCCESS)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):  # stopped runs resume: no end yet
+        # A stopped run resumes: no end yet. A command that failed before fit started a session writes nothing.
+        if self.started and not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
             self._end(trainer, api_pb2.STATUS_FAILURE)
 
     def state_dict(self) -> dict[str, Any]:
