@@ -8,11 +8,11 @@ Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (a
 gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
 ``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
 predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.with_run_config).
-``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a Hugging Face
-GPT-2 folder (gpt_lit/export.py). Every checkpoint
-is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
-trusted file that needs more. What a command does with its checkpoint is decided once, as the command line is
-parsed: the run plan (gpt_lit/run_plan.py), which the hooks after it only read.
+``validate``, ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a
+Hugging Face GPT-2 folder (gpt_lit/export.py). Every checkpoint is loaded as data (``weights_only``; see
+gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
+does with its checkpoint is decided once, as the command line is parsed: the run plan (gpt_lit/run_plan.py), which
+the hooks after it only read.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class GPTLitCLI(LightningCLI):
             return
         config = self.config[plan.subcommand]
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
-        if plan.subcommand in ("test", "predict"):
+        if plan.subcommand in ("validate", "test", "predict"):
             log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
         if plan.subcommand == "fit":
             continue_run(config, plan.run)

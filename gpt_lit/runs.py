@@ -1,5 +1,6 @@
-"""Run folders: where a config's runs are, the newest one's ``last``/``best`` checkpoint, and where ``test`` and
-``predict`` on a run's checkpoint write (``<run>/test/X/``, ``<run>/predict/X/``, beside what they evaluate)."""
+"""Run folders: where a config's runs are, the newest one's ``last``/``best`` checkpoint, and where ``validate``,
+``test`` and ``predict`` on a run's checkpoint write (``<run>/validate/X/``, ``<run>/test/X/``, ``<run>/predict/X/``,
+beside what they evaluate)."""
 
 from __future__ import annotations
 
@@ -116,24 +117,28 @@ def best_of(last: Path, run: Path, trust: bool) -> str:
 
 
 def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, run: Path | None) -> None:
-    """Where ``test`` and ``predict`` write. ``config`` is the parsed configuration of ``test`` or ``predict``
+    """Where ``validate``, ``test`` and ``predict`` write. ``config`` is the parsed configuration of the subcommand
     (the CLI's ``config[subcommand]``); ``ckpt_path`` the checkpoint, in the folder ``run`` (``run_of``).
 
-    ``test`` on ``<run>/checkpoints/X.ckpt``: the config's logger goes to ``<run>/test/X/``, so TensorBoard shows
-    the test loss beside the run. ``predict`` logs nothing (TensorBoard would list an empty run); its folder,
-    ``<run>/predict/X/`` for a run's checkpoint and the next ``version_N`` of the config's runs otherwise, becomes
-    the trainer's ``default_root_dir``, where ContinuationWriter saves ``continuations.txt``.
+    ``validate`` or ``test`` on ``<run>/checkpoints/X.ckpt``: the config's loggers (each of a list) go to
+    ``<run>/validate/X/`` or ``<run>/test/X/``, so TensorBoard shows the loss beside the run, and no new
+    ``version_N`` becomes the newest run, the one ``--ckpt_path last`` reads. ``predict`` logs nothing
+    (TensorBoard would list an empty run); its folder, ``<run>/predict/X/`` for a run's checkpoint and the next
+    ``version_N`` of the config's runs otherwise, becomes the trainer's ``default_root_dir``, where
+    ContinuationWriter saves ``continuations.txt``.
     """
-    logger = config.trainer.get("logger")
-    init = logger.get("init_args") if isinstance(logger, Namespace) else None
     if subcommand == "predict":
         folder = run / "predict" / Path(ckpt_path).stem if run and ckpt_path else next_run(config.trainer)
         config.trainer.logger = False
         if folder is not None:
             config.trainer.default_root_dir = str(folder)
-    elif run and ckpt_path and init is not None and "save_dir" in init:
-        init.save_dir, init.name = str(run), subcommand
-        init.version = Path(ckpt_path).stem
+        return
+    loggers = config.trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if run and ckpt_path and init is not None and "save_dir" in init:
+            init.save_dir, init.name = str(run), subcommand
+            init.version = Path(ckpt_path).stem
 
 
 def continue_run(config: Namespace, run: Path | None) -> None:

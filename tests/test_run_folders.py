@@ -1,0 +1,56 @@
+"""One run, one folder: whatever the loggers and the commands after `fit`, the run's checkpoints stay where
+``--ckpt_path last|best`` finds them, and validate/test/predict on them write beside the run, never a new run."""
+
+import json
+from pathlib import Path
+
+from conftest import TINY, residual_without_diagnostics
+from test_cli import run_main
+
+TINY_FIT = [
+    *TINY, "--data.eval_train", "false", "--data.eval_batch_size", "8", "--trainer.max_epochs", "1",
+    "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]  # fmt: skip
+RUN = ["--config", residual_without_diagnostics(), *TINY_FIT]
+READ = ["--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1"]
+
+
+def versions(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("version_"))
+
+
+def test_validate_on_last_writes_beside_the_run_and_last_stays_the_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(capsys, "fit", *RUN)
+    assert code == 0, err[-3000:]
+    for subcommand in ("validate", "test", "validate"):
+        code, _, err = run_main(capsys, subcommand, *RUN, *READ, "--ckpt_path", "last")
+        assert code == 0, err[-3000:]
+    runs = tmp_path / "lightning_logs" / "residual"
+    assert versions(runs) == ["version_0"]
+    assert list((runs / "version_0" / "validate" / "last").glob("events.out.tfevents.*"))
+
+
+def tensorboard_and_csv(folder: Path, csv_name: str) -> str:
+    tensorboard = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                   "init_args": {"save_dir": str(folder), "name": "residual"}}
+    csv = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder),
+                                                                             "name": csv_name}}  # fmt: skip
+    return json.dumps([tensorboard, csv])
+
+
+def test_with_a_list_of_loggers_validate_test_and_predict_write_beside_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    loggers = ["--trainer.logger", tensorboard_and_csv(tmp_path, "csv")]  # each logger in a folder of its own
+    code, _, err = run_main(capsys, "fit", *RUN, *loggers)
+    assert code == 0, err[-3000:]
+    prompts = ["--data.prompts", '["It was"]', "--model.max_new_tokens", "2"]
+    for subcommand, more in (("validate", []), ("test", []), ("predict", prompts), ("test", [])):
+        code, _, err = run_main(capsys, subcommand, *RUN, *loggers, *READ, *more, "--ckpt_path", "last")
+        assert code == 0, (subcommand, err[-3000:])
+    run = tmp_path / "residual" / "version_0"
+    assert versions(tmp_path / "residual") == ["version_0"] and versions(tmp_path / "csv") == ["version_0"]
+    assert (run / "test" / "last" / "metrics.csv").is_file() and list((run / "test" / "last").glob("events.*"))
+    assert (run / "predict" / "last" / "continuations.txt").is_file()
+
