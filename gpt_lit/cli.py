@@ -52,7 +52,7 @@ from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.run_plan import RunPlan, make_plan
-from gpt_lit.runs import PROG, continue_run, log_beside_run, with_run_config
+from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, with_run_config
 from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
 from gpt_lit.tokenizer import vocab_size
 
@@ -185,6 +185,8 @@ class GPTLitCLI(LightningCLI):
         # or not; every hook after this reads it.
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
+        if config is not None:
+            local_folders(config.trainer)  # before the plan looks for a run in them
         self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml

@@ -4,6 +4,7 @@ beside what they evaluate)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +19,23 @@ LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
 # The subcommands that read a checkpoint and can take its run's settings (with_run_config)
 READING_SUBCOMMANDS = ("validate", "test", "predict", "export")
 DEFAULT_LOGS = "lightning_logs"  # where LightningCLI's default logger, and every shipped config, keeps its runs
+
+
+def local_folders(trainer: Namespace) -> None:
+    """The trainer's folders (``default_root_dir``, each logger's ``save_dir``, each callback's ``dirpath``) as
+    plain paths: ``~`` expanded and a ``file://`` URL's path, so that the events, the checkpoints and
+    ``--ckpt_path last|best`` all use one folder (Lightning's loggers expand ``~``, the joins beside them do not)."""
+
+    def local(path: object) -> object:
+        return os.path.expanduser(path.removeprefix("file://")) if isinstance(path, str) else path
+
+    trainer.default_root_dir = local(trainer.get("default_root_dir"))
+    listed = [trainer.get("logger"), trainer.get("callbacks")]
+    for each in [item for one in listed for item in (one if isinstance(one, list) else [one])]:
+        init = each.get("init_args") if isinstance(each, Namespace) else None
+        for key in ("save_dir", "dirpath"):
+            if init is not None and key in init:
+                init[key] = local(init[key])
 
 
 def runs_folder(trainer: Namespace) -> Path | None:

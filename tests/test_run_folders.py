@@ -4,7 +4,8 @@
 import json
 from pathlib import Path
 
-from conftest import TINY, residual_without_diagnostics
+import pytest
+from conftest import TINY, residual_without_diagnostics, residual_without_diagnostics_text
 from test_cli import run_main
 
 TINY_FIT = [
@@ -54,3 +55,35 @@ def test_with_a_list_of_loggers_validate_test_and_predict_write_beside_the_run(t
     assert (run / "test" / "last" / "metrics.csv").is_file() and list((run / "test" / "last").glob("events.*"))
     assert (run / "predict" / "last" / "continuations.txt").is_file()
 
+
+@pytest.mark.parametrize("where", ["~", "file://", "dirpath ~"])
+def test_a_home_or_file_url_folder_holds_the_whole_run_and_ckpt_path_last_finds_it(where, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """``~/runs`` or ``file://<folder>/runs`` as the logger's save_dir (or ``~/ckpts`` as the ModelCheckpoint's
+    dirpath): the events and the checkpoints in that folder, nothing in the working folder named ``~`` or ``file:``,
+    and ``--ckpt_path last`` with the same settings reads them."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    config = work / "residual.yaml"
+    text = residual_without_diagnostics_text()
+    if where == "dirpath ~":
+        dirpath = "auto_insert_metric_name: false\n        dirpath: ~/ckpts"
+        text = text.replace("auto_insert_metric_name: false", dirpath)
+    config.write_text(text)
+    save_dir = {"~": "~/runs", "file://": f"file://{home}/runs", "dirpath ~": "~/runs"}[where]
+    args = ["--config", str(config), *TINY_FIT, "--trainer.logger.init_args.save_dir", save_dir]
+    code, _, err = run_main(capsys, "fit", *args)
+    assert code == 0, err[-3000:]
+    run = home / "runs" / "residual" / "version_0"
+    assert list(run.glob("events.out.tfevents.*"))
+    checkpoints = home / "ckpts" if where == "dirpath ~" else run / "checkpoints"
+    assert (checkpoints / "last.ckpt").is_file() and list(checkpoints.glob("best-epoch*.ckpt"))
+    assert [p.name for p in work.iterdir()] == ["residual.yaml"]
+    for which in ("last", "best"):
+        code, _, err = run_main(capsys, "test", *args, *READ, "--ckpt_path", which)
+        assert code == 0, err[-3000:]
+    assert [p.name for p in work.iterdir()] == ["residual.yaml"]
+    if where != "dirpath ~":  # (a checkpoint outside its run's folder is tested as a run of its own)
+        assert versions(run.parent) == ["version_0"]
