@@ -52,7 +52,7 @@ from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.run_plan import RunPlan, make_plan
-from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, with_run_config
+from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run, with_run_config
 from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
 from gpt_lit.tokenizer import vocab_size
 
@@ -142,6 +142,7 @@ class GPTLitCLI(LightningCLI):
         self.command_line = tuple(sys.argv[1:] if given is None else given if isinstance(given, list) else ())
         self.plan: RunPlan | None = None
         self.last_checkpoint: LastCheckpoint | None = None  # fit's, made in instantiate_trainer
+        self.versioned: list[Any] = []  # the loggers' init_args given this run's version (one_folder_per_run)
         quiet_console()
         try:  # LightningCLI runs the subcommand inside its __init__: its stops are caught around it
             super().__init__(*args, **kwargs)
@@ -212,7 +213,8 @@ class GPTLitCLI(LightningCLI):
         if plan.subcommand in ("validate", "test", "predict"):
             log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
         if plan.subcommand == "fit":
-            continue_run(config, plan.run)
+            continue_run(config, plan.run)  # a resume: each logger in the run's folder
+            self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
         # model.init_from is fetched (a hub name downloaded, or its one error line) before the model is built: the
         # random initialisation of GPT-2 124M alone takes seconds, wasted when the download fails. Process 0 only,
         # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
@@ -220,6 +222,8 @@ class GPTLitCLI(LightningCLI):
             fetch(config.get("model.init_from"))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        for init in self.versioned:  # the loggers are made: config.yaml keeps null, so a fit from it is a new run
+            init.version = None
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]

@@ -183,9 +183,30 @@ def next_run(trainer: Namespace) -> Path | None:
     init = logger.get("init_args") if isinstance(logger, Namespace) else None
     version = init.get("version") if init is not None else None
     if version is None:
-        numbers = [int(m[1]) for p in folder.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
-        version = max(numbers, default=-1) + 1
+        version = next_version(folder)
     return folder / (version if isinstance(version, str) else f"version_{version}")
+
+
+def next_version(folder: Path) -> int:
+    """The N of the next ``version_N`` under ``folder``, as Lightning's loggers number their runs."""
+    return max((version_number(p) for p in folder.glob("version_*") if p.is_dir()), default=-1) + 1
+
+
+def one_folder_per_run(trainer: Namespace) -> list[Namespace]:
+    """Loggers of a list that share a folder (save_dir and name) and leave the version to Lightning log into one
+    ``version_N``: each would number its run itself (TensorBoard version_0, CSV version_1), and the checkpoints
+    would go into one of them and ``--ckpt_path last`` look in the other. Returns the ``init_args`` given one."""
+    loggers, shared = trainer.get("logger"), {}
+    for each in loggers if isinstance(loggers, list) else []:
+        init = each.get("init_args") if isinstance(each, Namespace) else None
+        if init is not None and "version" in init and init.get("version") is None:
+            folder = runs_folder(Namespace(logger=each, default_root_dir=trainer.get("default_root_dir")))
+            shared.setdefault(folder, []).append(init)
+    shared = {folder: inits for folder, inits in shared.items() if folder is not None and len(inits) > 1}
+    for folder, inits in shared.items():
+        for init in inits:
+            init.version = next_version(folder)
+    return [init for inits in shared.values() for init in inits]
 
 
 def option_value(args: list[str], option: str) -> str | None:

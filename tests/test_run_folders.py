@@ -87,3 +87,23 @@ def test_a_home_or_file_url_folder_holds_the_whole_run_and_ckpt_path_last_finds_
     assert [p.name for p in work.iterdir()] == ["residual.yaml"]
     if where != "dirpath ~":  # (a checkpoint outside its run's folder is tested as a run of its own)
         assert versions(run.parent) == ["version_0"]
+
+
+def test_two_loggers_of_one_folder_write_one_run_folder_that_ckpt_path_last_finds(tmp_path, capsys, monkeypatch):
+    """A TensorBoard and a CSV logger with the same save_dir and name: each run is one ``version_N`` holding both
+    loggers' files and the checkpoints (Lightning alone gives each logger its own version, 0 and 1)."""
+    monkeypatch.chdir(tmp_path)
+    loggers = ["--trainer.logger", tensorboard_and_csv(tmp_path, "residual")]
+    code, _, err = run_main(capsys, "fit", *RUN, *loggers)
+    assert code == 0, err[-3000:]
+    code, _, err = run_main(capsys, "fit", "--config", str(tmp_path / "residual" / "version_0" / "config.yaml"))
+    assert code == 0, err[-3000:]  # the run's settings again: a new run
+    assert versions(tmp_path / "residual") == ["version_0", "version_1"]
+    for run in (tmp_path / "residual" / "version_0", tmp_path / "residual" / "version_1"):
+        assert list(run.glob("events.out.tfevents.*")) and (run / "metrics.csv").is_file()
+        assert (run / "checkpoints" / "last.ckpt").is_file()
+    for which in ("last", "best"):
+        code, _, err = run_main(capsys, "test", *RUN, *loggers, *READ, "--ckpt_path", which)
+        assert code == 0, err[-3000:]
+    assert versions(tmp_path / "residual") == ["version_0", "version_1"]
+    assert (tmp_path / "residual" / "version_1" / "test" / "last" / "metrics.csv").is_file()
