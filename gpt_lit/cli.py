@@ -8,11 +8,11 @@ Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (a
 gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
 ``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
 predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.with_run_config).
-``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a Hugging Face
-GPT-2 folder (gpt_lit/export.py). Every checkpoint
-is loaded as data (``weights_only``; see gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a
-trusted file that needs more. What a command does with its checkpoint is decided once, as the command line is
-parsed: the run plan (gpt_lit/run_plan.py), which the hooks after it only read.
+``validate``, ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a
+Hugging Face GPT-2 folder (gpt_lit/export.py). Every checkpoint is loaded as data (``weights_only``; see
+gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
+does with its checkpoint is decided once, as the command line is parsed: the run plan (gpt_lit/run_plan.py), which
+the hooks after it only read.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.prompts import read_prompts
 from gpt_lit.run_plan import RunPlan, make_plan
-from gpt_lit.runs import PROG, continue_run, log_beside_run, with_run_config
+from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run, with_run_config
 from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
 from gpt_lit.tokenizer import vocab_size
 
@@ -143,6 +143,7 @@ class GPTLitCLI(LightningCLI):
         self.command_line = tuple(sys.argv[1:] if given is None else given if isinstance(given, list) else ())
         self.plan: RunPlan | None = None
         self.last_checkpoint: LastCheckpoint | None = None  # fit's, made in instantiate_trainer
+        self.versioned: list[Any] = []  # the loggers' init_args given this run's version (one_folder_per_run)
         quiet_console()
         try:  # LightningCLI runs the subcommand inside its __init__: its stops are caught around it
             super().__init__(*args, **kwargs)
@@ -189,6 +190,8 @@ class GPTLitCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else None
         if subcommand == "predict":  # the prompts, before the checkpoint is read or anything is built or written
             read_prompts(config.get("data.prompts"), config.get("data.prompts_file"))
+        if config is not None:
+            local_folders(config.trainer)  # before the plan looks for a run in them
         self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml
@@ -212,10 +215,11 @@ class GPTLitCLI(LightningCLI):
         config = self.config[plan.subcommand]
         check_accelerator(config.get("trainer.accelerator"))  # before the model is built
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
-        if plan.subcommand in ("test", "predict"):
+        if plan.subcommand in ("validate", "test", "predict"):
             log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
         if plan.subcommand == "fit":
-            continue_run(config, plan.run)
+            continue_run(config, plan.run)  # a resume: each logger in the run's folder
+            self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
         # model.init_from is fetched (a hub name downloaded, or its one error line) before the model is built: the
         # random initialisation of GPT-2 124M alone takes seconds, wasted when the download fails. Process 0 only,
         # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
@@ -223,6 +227,8 @@ class GPTLitCLI(LightningCLI):
             fetch(config.get("model.init_from"))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        for init in self.versioned:  # the loggers are made: config.yaml keeps null, so a fit from it is a new run
+            init.version = None
         self.datamodule.check_inputs(self.subcommand)  # the book, the prompts: before the Trainer says a word
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         callbacks = config.get("callbacks") or []

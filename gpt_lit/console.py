@@ -1,10 +1,13 @@
 """What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise.
 
-Two messages are dropped, each matched exactly (every other warning and log line still shows):
+Three messages are dropped, each matched exactly (every other warning and log line still shows):
 
 - Lightning's "💡 Tip: For seamless cloud logging ... try installing litlogger" advertisement, at every start;
 - PyTorch's "`isinstance(treespec, LeafSpec)` is deprecated" FutureWarning, which Lightning's own
-  ``_pytree`` helper triggers once in every process.
+  ``_pytree`` helper triggers once in every process;
+- Lightning's CSVLogger's "Experiment logs directory ... exists and is not empty. Previous log files in this
+  directory will be deleted", which it says whenever another logger of the run wrote into the run's one folder
+  first (runs.one_folder_per_run); it deletes only its own metrics.csv, whose rows a resume keeps.
 
 The model summary leaves out its FLOPs column when it has no FLOPs to show: Lightning counts them only for a
 model with an ``example_input_array``, and prints a column of zeros otherwise. The progress bar leaves out
@@ -31,7 +34,11 @@ DROPPED_LOG_LINES = {
 }
 # The loggers Lightning gives a handler of its own (its packages' __init__), printing to the streams of the import.
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
-DROPPED_WARNINGS = [(r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)]
+DROPPED_WARNINGS = [
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    (r"Experiment logs directory .* exists and is not empty\. Previous log files in this directory will be deleted",
+     UserWarning),
+]
 
 
 class DropMessages(logging.Filter):

@@ -140,6 +140,18 @@ class GPTLightning(L.LightningModule):
         if trainer.state.fn != TrainerFn.FITTING and checkpoint.get("callbacks"):
             present = {callback.state_key for callback in trainer.callbacks}
             checkpoint["callbacks"] = {k: v for k, v in checkpoint["callbacks"].items() if k in present}
+        # A resume trains with the configured lr and weight decay (config.yaml's and the HParams row's), not those
+        # of the optimizer's saved state, which Lightning restores after this hook (unless a scheduler owns the lr).
+        if trainer.state.fn == TrainerFn.FITTING and not checkpoint.get("lr_schedulers"):
+            changed = set()
+            for state in checkpoint.get("optimizer_states", []):
+                for group in state.get("param_groups", []):
+                    for key in ("lr", "weight_decay"):
+                        if key in group and group[key] != self.hparams[key]:
+                            changed.add(f"model.{key} {self.hparams[key]} (the checkpoint's {group[key]})")
+                            group[key] = self.hparams[key]
+            if changed:
+                rank_zero_info(f"resuming with the configured {', '.join(sorted(changed))}")
 
     def uses_fused_loss(self) -> bool:
         """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""

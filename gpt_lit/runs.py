@@ -1,8 +1,10 @@
-"""Run folders: where a config's runs are, the newest one's ``last``/``best`` checkpoint, and where ``test`` and
-``predict`` on a run's checkpoint write (``<run>/test/X/``, ``<run>/predict/X/``, beside what they evaluate)."""
+"""Run folders: where a config's runs are, the newest one's ``last``/``best`` checkpoint, and where ``validate``,
+``test`` and ``predict`` on a run's checkpoint write (``<run>/validate/X/``, ``<run>/test/X/``, ``<run>/predict/X/``,
+beside what they evaluate)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -17,6 +19,23 @@ LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
 # The subcommands that read a checkpoint and can take its run's settings (with_run_config)
 READING_SUBCOMMANDS = ("validate", "test", "predict", "export")
 DEFAULT_LOGS = "lightning_logs"  # where LightningCLI's default logger, and every shipped config, keeps its runs
+
+
+def local_folders(trainer: Namespace) -> None:
+    """The trainer's folders (``default_root_dir``, each logger's ``save_dir``, each callback's ``dirpath``) as
+    plain paths: ``~`` expanded and a ``file://`` URL's path, so that the events, the checkpoints and
+    ``--ckpt_path last|best`` all use one folder (Lightning's loggers expand ``~``, the joins beside them do not)."""
+
+    def local(path: object) -> object:
+        return os.path.expanduser(path.removeprefix("file://")) if isinstance(path, str) else path
+
+    trainer.default_root_dir = local(trainer.get("default_root_dir"))
+    listed = [trainer.get("logger"), trainer.get("callbacks")]
+    for each in [item for one in listed for item in (one if isinstance(one, list) else [one])]:
+        init = each.get("init_args") if isinstance(each, Namespace) else None
+        for key in ("save_dir", "dirpath"):
+            if init is not None and key in init:
+                init[key] = local(init[key])
 
 
 def runs_folder(trainer: Namespace) -> Path | None:
@@ -116,24 +135,28 @@ def best_of(last: Path, run: Path, trust: bool) -> str:
 
 
 def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, run: Path | None) -> None:
-    """Where ``test`` and ``predict`` write. ``config`` is the parsed configuration of ``test`` or ``predict``
+    """Where ``validate``, ``test`` and ``predict`` write. ``config`` is the parsed configuration of the subcommand
     (the CLI's ``config[subcommand]``); ``ckpt_path`` the checkpoint, in the folder ``run`` (``run_of``).
 
-    ``test`` on ``<run>/checkpoints/X.ckpt``: the config's logger goes to ``<run>/test/X/``, so TensorBoard shows
-    the test loss beside the run. ``predict`` logs nothing (TensorBoard would list an empty run); its folder,
-    ``<run>/predict/X/`` for a run's checkpoint and the next ``version_N`` of the config's runs otherwise, becomes
-    the trainer's ``default_root_dir``, where ContinuationWriter saves ``continuations.txt``.
+    ``validate`` or ``test`` on ``<run>/checkpoints/X.ckpt``: the config's loggers (each of a list) go to
+    ``<run>/validate/X/`` or ``<run>/test/X/``, so TensorBoard shows the loss beside the run, and no new
+    ``version_N`` becomes the newest run, the one ``--ckpt_path last`` reads. ``predict`` logs nothing
+    (TensorBoard would list an empty run); its folder, ``<run>/predict/X/`` for a run's checkpoint and the next
+    ``version_N`` of the config's runs otherwise, becomes the trainer's ``default_root_dir``, where
+    ContinuationWriter saves ``continuations.txt``.
     """
-    logger = config.trainer.get("logger")
-    init = logger.get("init_args") if isinstance(logger, Namespace) else None
     if subcommand == "predict":
         folder = run / "predict" / Path(ckpt_path).stem if run and ckpt_path else next_run(config.trainer)
         config.trainer.logger = False
         if folder is not None:
             config.trainer.default_root_dir = str(folder)
-    elif run and ckpt_path and init is not None and "save_dir" in init:
-        init.save_dir, init.name = str(run), subcommand
-        init.version = Path(ckpt_path).stem
+        return
+    loggers = config.trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if run and ckpt_path and init is not None and "save_dir" in init:
+            init.save_dir, init.name = str(run), subcommand
+            init.version = Path(ckpt_path).stem
 
 
 def continue_run(config: Namespace, run: Path | None) -> None:
@@ -160,9 +183,30 @@ def next_run(trainer: Namespace) -> Path | None:
     init = logger.get("init_args") if isinstance(logger, Namespace) else None
     version = init.get("version") if init is not None else None
     if version is None:
-        numbers = [int(m[1]) for p in folder.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
-        version = max(numbers, default=-1) + 1
+        version = next_version(folder)
     return folder / (version if isinstance(version, str) else f"version_{version}")
+
+
+def next_version(folder: Path) -> int:
+    """The N of the next ``version_N`` under ``folder``, as Lightning's loggers number their runs."""
+    return max((version_number(p) for p in folder.glob("version_*") if p.is_dir()), default=-1) + 1
+
+
+def one_folder_per_run(trainer: Namespace) -> list[Namespace]:
+    """Loggers of a list that share a folder (save_dir and name) and leave the version to Lightning log into one
+    ``version_N``: each would number its run itself (TensorBoard version_0, CSV version_1), and the checkpoints
+    would go into one of them and ``--ckpt_path last`` look in the other. Returns the ``init_args`` given one."""
+    loggers, shared = trainer.get("logger"), {}
+    for each in loggers if isinstance(loggers, list) else []:
+        init = each.get("init_args") if isinstance(each, Namespace) else None
+        if init is not None and "version" in init and init.get("version") is None:
+            folder = runs_folder(Namespace(logger=each, default_root_dir=trainer.get("default_root_dir")))
+            shared.setdefault(folder, []).append(init)
+    shared = {folder: inits for folder, inits in shared.items() if folder is not None and len(inits) > 1}
+    for folder, inits in shared.items():
+        for init in inits:
+            init.version = next_version(folder)
+    return [init for inits in shared.values() for init in inits]
 
 
 def option_value(args: list[str], option: str) -> str | None:

@@ -125,8 +125,10 @@ def test_help_without_a_subcommand_lists_all_five_and_a_subcommand_builds_only_i
 
 
 def fingerprint(run: Path) -> dict[str, str]:
-    """sha256 of every file of a run folder (its config, events and checkpoints), not its test/predict outputs."""
-    files = [p for p in run.rglob("*") if p.is_file() and p.relative_to(run).parts[0] not in ("test", "predict")]
+    """sha256 of every file of a run folder (its config, events and checkpoints), not its validate/test/predict
+    outputs."""
+    outputs = ("validate", "test", "predict")
+    files = [p for p in run.rglob("*") if p.is_file() and p.relative_to(run).parts[0] not in outputs]
     return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 

@@ -5,13 +5,14 @@ Every stop at every moment, compared with an uninterrupted run value by value: t
 """
 
 import json
+import logging
 import shlex
 import signal
 import warnings
 
 import pytest
 import torch
-from conftest import REPO, TINY, residual_without_diagnostics
+from conftest import REPO, TINY, residual_without_diagnostics, scalars
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.cli import main
@@ -67,6 +68,25 @@ def test_ctrl_c_then_the_printed_command_then_test_and_predict_use_the_final_wei
         main(["test", *RUN, *logs, "--ckpt_path", "best"])
     assert (run / "test" / "last").is_dir() and (run / "test" / "best-epoch02").is_dir()
     assert not [w for w in said if "dirpath has changed" in str(w.message)]
+
+
+def test_a_resume_with_another_lr_and_weight_decay_trains_with_them_and_says_so_once(tmp_path, caplog):
+    """The optimizer's state in last.ckpt holds the first run's lr and weight decay; a resume given others trains
+    with the ones given, which config.yaml and the HParams row record."""
+    monitor = {"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "step", "log_weight_decay": True}}
+    args = [*RUN, "--trainer.logger.init_args.save_dir", str(tmp_path), f"--trainer.callbacks+={json.dumps(monitor)}"]
+    main(["fit", *args, "--trainer.max_epochs", "1", "--model.lr", "0.01", "--model.weight_decay", "0.1"])
+    run = tmp_path / "residual" / "version_0"
+    resume = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--trainer.logger.init_args.version", "0"]
+    with caplog.at_level(logging.INFO):  # what Lightning's logger prints on stderr
+        main(["fit", *args, "--trainer.max_epochs", "2", "--model.lr", "0.05", "--model.weight_decay", "0.2", *resume])
+    logged = scalars(run)  # what the optimizer used at each of the 2 + 2 steps
+    assert [v for _, v in logged["lr-AdamW"]] == pytest.approx([0.01, 0.01, 0.05, 0.05])
+    assert [v for _, v in logged["lr-AdamW-weight_decay"]] == pytest.approx([0.1, 0.1, 0.2, 0.2])
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["optimizer_states"][0]
+    assert [(g["lr"], g["weight_decay"]) for g in saved["param_groups"]] == [(0.05, 0.2)]
+    said = [r.getMessage() for r in caplog.records if "0.05" in r.getMessage() and "0.01" in r.getMessage()]
+    assert len(said) == 1 and "model.lr" in said[0], said
 
 
 # -- last.ckpt is a state Lightning resumes exactly, whatever the schedule (issue 29's table) -----------------------
