@@ -87,6 +87,12 @@ def test_the_readme_stays_short():
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 240
 
 
+def test_the_readme_says_how_to_get_the_code_without_a_placeholder_address():
+    text = README.read_text(encoding="utf-8")
+    assert not re.search(r"https?://\S*<[^>]*>", text), "an address with a <placeholder> a reader cannot use"
+    assert "Get the code" in text
+
+
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
     """The README's ``python -m gpt_lit`` commands not in NOT_RUN, run in order in one empty folder until one fails:
