@@ -210,7 +210,8 @@ def test_fit_starts_from_the_weights_and_resumes_exactly(small, small_folder, tm
 
 def error_line(capsys, *args: str) -> str:
     """The `error:` line `python -m gpt_lit predict` ends with (in process), for the small model's config."""
-    base = ["predict", "--config", str(REPO / "configs/residual.yaml"), *SMALL_ARGS, "--data.context_length", "32"]
+    base = ["predict", "--config", str(REPO / "configs/residual.yaml"), *SMALL_ARGS, "--data.context_length", "32",
+            "--data.prompts", '["I saw"]']  # fmt: skip
     with pytest.raises(SystemExit) as stop:
         main([*base, "--trainer.logger", "false", *args])
     assert stop.value.code == 2

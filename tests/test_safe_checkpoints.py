@@ -135,7 +135,9 @@ def assert_refused(capsys, status: int, path: Path | str, refused: str) -> None:
     ]
 
 
-@pytest.mark.parametrize("command", [["test"], ["predict"], ["validate"], ["fit", "--trainer.max_epochs", "1"]])
+@pytest.mark.parametrize(
+    "command", [["test"], ["predict", "--data.prompts", '["I"]'], ["validate"], ["fit", "--trainer.max_epochs", "1"]]
+)
 def test_a_checkpoint_that_runs_code_is_refused_before_it_runs(capsys, bomb, command):
     path, marker = bomb
     _, status = run_main([*command, "--config", "residual", *TINY, "--ckpt_path", str(path)])
