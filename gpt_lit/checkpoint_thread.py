@@ -1,6 +1,6 @@
 """Checkpoints saved beside training: the training thread copies the state, a thread of its own writes it.
 
-Lightning's ``AsyncCheckpointIO`` (lightning/pytorch/plugins/io/async_plugin.py, 2.6.6) is the base and keeps its
+Lightning's ``AsyncCheckpointIO`` (lightning/pytorch/plugins/io/async_plugin.py) is the base and keeps its
 contract: a one-thread executor runs the wrapped plugin's ``save_checkpoint`` (``AtomicCheckpointIO``), and a failure
 is raised on the training thread at the next save or at teardown. It is not used as it is, for four reasons:
 

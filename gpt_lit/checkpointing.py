@@ -111,8 +111,8 @@ def write_uncached(fd: int, data: memoryview) -> int:
     of bytes written (0 where the system or the filesystem has no O_DIRECT: macOS, Windows, some filesystems).
 
     A checkpoint is read again only to resume, and put through the page cache it first takes 347 MB of fresh
-    pages there at every save: on a VM whose host takes back the guest's free memory, that was up to 1.9 s of the
-    kernel's time on one of the cores training runs on (docs/performance.md). A refused write stops it where it is:
+    pages there at every save: on a VM whose host takes back the guest's free memory, that is kernel time on the
+    CPUs training runs on (docs/performance.md). A refused write stops it where it is:
     the caller writes the rest through the page cache, where a full disk raises its error."""
     o_direct = getattr(os, "O_DIRECT", 0)
     whole = len(data) - len(data) % BLOCK

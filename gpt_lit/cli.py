@@ -155,8 +155,8 @@ class GPTLitCLI(LightningCLI):
     def subcommands(self) -> dict[str, set[str]]:
         """Lightning's four, and `export` (ExportingTrainer.export): LightningCLI makes a subcommand of each trainer
         method listed here, with the arguments it does not skip. Where the command line names one, only that one:
-        each subcommand's parser (every option of the model, the data and the Trainer) takes ~40 ms to build, and
-        a command runs one. `--help` without a subcommand, or a misspelt one, gets all five."""
+        each subcommand's parser (every option of the model, the data and the Trainer) takes long to build, and a
+        command runs one. `--help` without a subcommand, or a misspelt one, gets all five."""
         every = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
         named = named_subcommand(self.command_line)
         return {named: every[named]} if named in every else every
@@ -195,7 +195,7 @@ class GPTLitCLI(LightningCLI):
         self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml
-            # LightningCLI (checked: 2.6.6) loads a ckpt_path's hyperparameters over the parsed config between
+            # LightningCLI loads a ckpt_path's hyperparameters over the parsed config between
             # parse_arguments and before_instantiate_classes, silently overriding --model.* options (and reading
             # the file once more, as code where needed). Here the config decides and the plan has read the file:
             # that step finds no ckpt_path, which before_instantiate_classes gives back, resolved.

@@ -215,7 +215,7 @@ class TimeMachineData(L.LightningDataModule):
     def check_resume(self, state: dict, source: str) -> None:
         """Raise a GptLitError if ``state`` (a checkpoint's ``state_dict()``) was saved mid-epoch with another order
         of windows than this data's: the seed and window settings, and once set up, the windows themselves."""
-        if state and "windows_done" in state and not state["epoch_done"]:
+        if state and not state["epoch_done"]:
             check_same_order(state, order_settings(self), source)
 
     def resume_position(self, world: int) -> tuple[int, int, int] | None:
@@ -230,14 +230,13 @@ class TimeMachineData(L.LightningDataModule):
         if state is None or self.trainer is None:
             return self.resume_at
         per_step, windows = world * self.batch_size, len(self.train_set)
-        # Checkpoints of earlier gpt_lit versions counted batches: taken as batches of the same size and processes.
-        done = state["windows_done"] if "windows_done" in state else state["batches_done"] * per_step
+        done = state["windows_done"]
         progress = self.trainer.fit_loop.epoch_loop.batch_progress
         if progress.is_last_batch:  # the epoch had ended (also where limit_train_batches ends it): counted as saved
             batches_done = progress.current.processed
         else:
             batches_done = windows // per_step - steps_left(windows, done, per_step)
-        # Lightning's batch progress has no public setter; its public counters are moved. Checked with 2.6.6.
+        # Lightning's batch progress has no public setter; its public counters are moved.
         shift = batches_done - progress.current.processed
         for counter in (progress.current, progress.total):
             for name in ("ready", "started", "processed", "completed"):

@@ -27,22 +27,13 @@ def fail(message: object) -> NoReturn:
     sys.exit(2)
 
 
-# Callbacks of earlier gpt_lit versions, which a run folder's config.yaml may still list: what took their place.
-REMOVED_CALLBACKS = {
-    "gpt_lit.callbacks.EpochCheckpoint": "every fit saves last.ckpt itself; for the best epoch's file list "
-    "lightning.pytorch.callbacks.ModelCheckpoint (as configs/residual.yaml does) or remove the entry",
-    "gpt_lit.callbacks.InterruptCheckpoint": "every fit saves last.ckpt on Ctrl-C and SIGTERM itself; remove the entry",
-}
-
-
 def short_type_error(message: str) -> str:
     """jsonargparse's "Parser key "k": ... <class 'int'> ... Given value: x" as "k: expected int, got 'x'"; a
     class_path that does not import as "k: cannot use class_path 'c': why"."""
     key = re.match(r'Parser key "([^"]+)":', message)
     bad_class = re.search(r"Problem with given class_path '([^']+)': (.*?) - ", message)
     if key and bad_class:
-        path, why = bad_class[1], REMOVED_CALLBACKS.get(bad_class[1], bad_class[2])
-        return f"{key[1]}: cannot use class_path {path!r}: {why}"
+        return f"{key[1]}: cannot use class_path {bad_class[1]!r}: {bad_class[2]}"
     value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message, re.S)
     expected = message.split("Given value type")[0]  # not the type of what was given
     types = list(dict.fromkeys(re.findall(r"<class '(\w+)'>", expected)))

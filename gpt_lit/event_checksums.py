@@ -23,5 +23,5 @@ def use_c_checksums() -> None:
     """Make TensorBoard's writers, in this process, checksum their records with ``masked_crc32c``, where
     google-crc32c has its C implementation for this machine (its fallback is pure Python too)."""
     if google_crc32c.implementation == "c":
-        # No public way (tensorboard 2.21 checked): RecordWriter.write takes masked_crc32c from its module, no option.
+        # No public way: RecordWriter.write takes masked_crc32c from its module, no option.
         record_writer.masked_crc32c = masked_crc32c

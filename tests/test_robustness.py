@@ -87,10 +87,6 @@ def test_a_callback_that_does_not_import_is_named_with_why(capsys, tmp_path):
     line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
     assert "trainer.callbacks: cannot use class_path 'gpt_lit.callbacks.Colour': module 'gpt_lit.callbacks' has no " \
         "attribute 'Colour'" in line  # fmt: skip
-    # An older run's config.yaml, resumed: the name its checkpoint callback had then, and what replaces it.
-    (tmp_path / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: gpt_lit.callbacks.EpochCheckpoint\n")
-    line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
-    assert "cannot use class_path 'gpt_lit.callbacks.EpochCheckpoint': every fit saves last.ckpt itself" in line
 
 
 def test_bad_value_on_the_command_line_names_the_option(capsys):

@@ -41,7 +41,7 @@ class AfterValidation(Callback):
     The moment is Lightning's own (``on_validation_end``, ``trainer.sanity_checking``, ``trainer.state.fn``). The
     step is the one ``self.log`` gives ``loss/val``: during fit, Lightning validates at the end of a training
     batch, before it counts that batch among the ``batches that stepped``, the count its loggers receive as the
-    step (``LoggerConnector.log_metrics``; read in Lightning 2.6.6). With automatic optimization and one optimizer
+    step (``LoggerConnector.log_metrics``). With automatic optimization and one optimizer
     (GPTLightning's) that count is the ``trainer.global_step`` the batch started with, read here in
     ``on_train_batch_start``: the step is the same whether the batch stepped the optimizer or accumulated.
     """

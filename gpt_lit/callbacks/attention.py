@@ -218,7 +218,7 @@ class AttentionFigure:
 def attention_figure_for(labels: tuple[str, ...], n_heads: int) -> AttentionFigure:
     """The ``AttentionFigure`` of a sentence's ``labels`` and ``n_heads`` heads, made once a process: its layout
     and saved pixels depend on nothing else (the weights are painted for each image), and making one draws a whole
-    figure (~0.1 s). A notebook's second run, or a test session's hundred, reuse it."""
+    figure. A notebook's second run, or a test session's hundred, reuse it."""
     T = len(labels)
     return AttentionFigure(torch.full((n_heads, T, T), 1.0 / T), list(labels))
 

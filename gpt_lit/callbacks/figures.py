@@ -30,7 +30,7 @@ from gpt_lit.callbacks.unigram import unigram_entropy
 RUN_COLOURS = {True: "tab:blue", False: "tab:orange"}  # with residuals / without
 RUN_LABELS = {True: "with residuals", False: "without"}
 FIGSIZE, DPI = (7.0, 4.0), 100  # 700 x 400 pixels: readable at the Images tab's default size
-TITLE = {"fontsize": "medium", "y": 1.0}  # y given: matplotlib skips finding room above the axes, 1/5 of a draw
+TITLE = {"fontsize": "medium", "y": 1.0}  # y given: matplotlib skips finding room above the axes
 
 
 def loss_figure(
@@ -99,12 +99,12 @@ def epochs_axes(legend: bool = True, into: ReusedFigure | None = None) -> tuple[
 
 class ReusedFigure:
     """One figure drawn again after every epoch: the same matplotlib Figure, Axes and Agg canvas each time, emptied
-    of the lines, texts and legend the last epoch drew. Making a figure's axes and ticks anew, and laying out its
-    texts on a new canvas, was a third to half of its time.
+    of the lines, texts and legend the last epoch drew, so that its axes and ticks are not made anew, nor its texts
+    laid out on a new canvas, each time.
 
     Its parts that stay the same from epoch to epoch (the title, the legend right of the axes, the colour bar:
     ``static``; and the x axis with the axes' background where the axis shows the same, as the depth axes do:
-    ``x_axis``), up to half of a draw, are drawn once: ``pixels`` puts the saved picture of them back (matplotlib's
+    ``x_axis``) are drawn once: ``pixels`` puts the saved picture of them back (matplotlib's
     blitting: ``copy_from_bbox``, ``restore_region``) and draws the rest of the axes over it (``draw_artist``),
     whenever they are as when saved. The pixels equal a new figure's (tests check)."""
 
@@ -228,8 +228,8 @@ _COLOURBARS: WeakKeyDictionary[Figure, tuple[tuple[int, int, bool], Any]] = Weak
 
 
 def epoch_colourbar(fig: Figure, first: int, last: int, below_legend: bool) -> None:
-    """The epochs' colours as a bar right of the axes, one block per epoch from ``first`` to ``last`` (a legend of
-    eleven lines cost twice its time to draw); kept in a reused figure while the scale is the same."""
+    """The epochs' colours as a bar right of the axes, one block per epoch from ``first`` to ``last`` (cheaper to
+    draw than a legend of a line per epoch); kept in a reused figure while the scale is the same."""
     key = (first, last, below_legend)
     kept = _COLOURBARS.get(fig)
     if kept is not None and kept[0] == key:

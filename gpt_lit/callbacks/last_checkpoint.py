@@ -146,8 +146,7 @@ class LastCheckpoint(Checkpoint):
 
     def _stop(self, trainer: L.Trainer) -> None:
         # Lightning raises SIGTERMException once this step's (or this epoch's) values are logged, and ends the run
-        # as stopped (no end-of-fit hooks); a private flag, the one Lightning's own SIGTERM handler sets
-        # (checked against Lightning 2.6.6).
+        # as stopped (no end-of-fit hooks); a private flag, the one Lightning's own SIGTERM handler sets.
         self._stopping = True
         trainer._signal_connector.received_sigterm = True
 
@@ -276,14 +275,14 @@ class LastCheckpoint(Checkpoint):
         self._take_signals()
         loop = trainer.fit_loop
         if loop.restarted_on_epoch_end:
-            # Resumed under max_steps from a state saved at an epoch's end: Lightning (2.6.6) runs that epoch's end
+            # Resumed under max_steps from a state saved at an epoch's end: Lightning runs that epoch's end
             # again, without a batch, and counts the epoch as processed twice, so every later epoch would take the
             # next epoch's order of batches (the sampler's epoch is that count). Counted once, as in the run that
             # saved it. The count of batches that stepped (the loggers' step) is put back after that end
             # (on_train_epoch_end): Lightning adds one for the validation it skips there.
             for counter in (loop.epoch_progress.current, loop.epoch_progress.total):
                 counter.processed -= 1
-            self._stepped_at_resume = loop.epoch_loop._batches_that_stepped  # private: no public one in 2.6.6
+            self._stepped_at_resume = loop.epoch_loop._batches_that_stepped  # private: Lightning has no public one
         # Resumed from a checkpoint at step S: TensorBoard hides events with step >= S from the run's older event
         # files when it reads a SessionLog START at step S (what SummaryWriter(purge_step=S) writes). The old run's
         # values for the steps before S stay; those it logged after that checkpoint (if it stopped later) are

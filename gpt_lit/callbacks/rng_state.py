@@ -68,7 +68,7 @@ class RNGState(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.restored is not None:
-            ranks = self.restored.get("ranks", [self.restored])  # checkpoints before the per-process states
+            ranks = self.restored["ranks"]
             same_processes = len(ranks) == trainer.world_size
             set_rng_states(ranks[trainer.global_rank] if same_processes else ranks[0])
             self.restored = None

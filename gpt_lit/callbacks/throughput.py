@@ -35,7 +35,7 @@ def matmul_dtype(precision: str) -> torch.dtype:
 def measured_peak(device: torch.device, dtype: torch.dtype, threads: int) -> float:
     """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3:
     measured once per process for each (the machine's rate is the same for the next run in a notebook or a test
-    session, and a measurement takes ~0.2 s with 2 threads, ~0.8 s with one)."""
+    session, and each measurement takes time)."""
     return matmul_peak(device, dtype, reps=3)
 
 
