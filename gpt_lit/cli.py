@@ -191,6 +191,7 @@ class GPTLitCLI(LightningCLI):
         if subcommand == "predict":  # the prompts, before the checkpoint is read or anything is built or written
             read_prompts(config.get("data.prompts"), config.get("data.prompts_file"))
         if config is not None:
+            check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
             local_folders(config.trainer)  # before the plan looks for a run in them
         self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
         if config is not None:
@@ -213,7 +214,6 @@ class GPTLitCLI(LightningCLI):
         if plan is None or not plan.subcommand:
             return
         config = self.config[plan.subcommand]
-        check_accelerator(config.get("trainer.accelerator"))  # before the model is built
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
         if plan.subcommand in ("validate", "test", "predict"):
             log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
