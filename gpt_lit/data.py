@@ -252,12 +252,15 @@ class TimeMachineData(L.LightningDataModule):
         # processes: a resumed run continues with the same order, and a run resumed mid-epoch starts at the
         # first window that epoch had not trained on (GlobalOrderSampler).
         world, rank = self._processes()
+        saved = self.saved_position
         self.resume_at = self.resume_position(world)
         start = self.resume_at[:2] if self.resume_at else None
         sampler = GlobalOrderSampler(self.train_set, world, rank, self.seed, self.batch_size, start=start)
         # The epoch the loader starts in, now: with data.num_workers > 0 the workers draw the sampler's
         # indices as soon as Lightning makes the iterator, which for a resumed run is before its set_epoch.
-        sampler.set_epoch(self.trainer.current_epoch if self.trainer else 0)
+        # A checkpoint saved after its epoch's last batch resumes with the next epoch.
+        epoch = saved["epoch"] + saved["epoch_done"] if saved else self.trainer.current_epoch if self.trainer else 0
+        sampler.set_epoch(epoch)
         return self._loader(self.train_set, self.batch_size, sampler=sampler, drop_last=True)
 
     def _eval_loader(self, ds: Dataset, batch_size: int) -> DataLoader:

@@ -106,7 +106,7 @@ LAST = ["--config", "lightning_logs/residual/version_0/config.yaml",
         "--ckpt_path", "lightning_logs/residual/version_0/checkpoints/last.ckpt"]  # fmt: skip
 POISON_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.PoisonOneProcess", "init_args": {"step": 3, "rank": 1}}'
 SHIPPED_BEST = json.dumps({"class_path": "ModelCheckpoint", "init_args": {
-    "monitor": "loss/val", "save_on_train_epoch_end": True, "filename": "best-epoch{epoch:02d}",
+    "monitor": "loss/val", "filename": "best-epoch{epoch:02d}",
     "auto_insert_metric_name": False}})  # fmt: skip
 
 

@@ -145,3 +145,17 @@ def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterr
     assert "data.seed 123 (now 7)" in line
     assert not (tmp_path / "windows.0.json").exists()  # nothing trained
     assert config.read_text() == before  # nor the run's config.yaml written over
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_resume_from_an_epochs_end_trains_the_next_epoch_in_its_order(uninterrupted, tmp_path, workers):
+    # The run's last.ckpt, saved at the end of its epoch 1; resumed for one more epoch, with or without worker
+    # processes (which draw the sampler's indices as soon as the loader's iterator is made).
+    last = uninterrupted.step3.parent / "last.ckpt"  # beside the run's other checkpoints
+    resumed = main(["fit", *uninterrupted.args, "--data.num_workers", workers, "--trainer.max_epochs", "3",
+                    "--ckpt_path", str(last)], extra_callbacks=[RecordWindows(tmp_path)])  # fmt: skip
+    record = json.loads((tmp_path / "windows.0.json").read_text())
+    assert [(e, i) for e, i, _ in record["batches"]] == [(2, i) for i in range(11)]
+    assert epoch_windows(record["batches"], 2) == epoch_order(WINDOWS, 123, 2)
+    assert record["validated"] == [2]
+    assert resumed.trainer.global_step == 33  # where one uninterrupted run of 3 epochs of 11 steps ends
