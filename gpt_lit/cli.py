@@ -44,7 +44,7 @@ from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.checkpoint_reading import TRUST_HELP, check_architecture, refusal
 from gpt_lit.checkpoint_thread import BackgroundCheckpointIO
 from gpt_lit.checkpointing import AtomicCheckpointIO
-from gpt_lit.console import quiet_console, use_quiet_progress_bar, use_quiet_summary
+from gpt_lit.console import quiet_callbacks, quiet_console
 from gpt_lit.data import TimeMachineData
 from gpt_lit.error_source import where_from
 from gpt_lit.errors import GptLitError, about_the_configuration, check_accelerator, fail, one_line, short_type_error
@@ -254,10 +254,8 @@ class GPTLitCLI(LightningCLI):
                 plugin.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(BackgroundCheckpointIO(AtomicCheckpointIO()))
-        trainer = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
-        use_quiet_summary(trainer)
-        use_quiet_progress_bar(trainer)
-        return trainer
+        callbacks += quiet_callbacks(config, callbacks)  # in place of Lightning's default bar and summary
+        return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
 
     def check_checkpoint(self) -> None:
         """Before a subcommand runs: the plan's checkpoint fits the configured model (and, for ``fit``, the data's

@@ -1,8 +1,9 @@
 """What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise.
 
-Three messages are dropped, each matched exactly (every other warning and log line still shows):
+Four messages are dropped, each matched exactly (every other warning and log line still shows):
 
 - Lightning's "💡 Tip: For seamless cloud logging ... try installing litlogger" advertisement, at every start;
+- Lightning's "Trainer already configured with model summary callbacks", as the Trainer is given the summary below;
 - PyTorch's "`isinstance(treespec, LeafSpec)` is deprecated" FutureWarning, which Lightning's own
   ``_pytree`` helper triggers once in every process;
 - Lightning's CSVLogger's "Experiment logs directory ... exists and is not empty. Previous log files in this
@@ -11,7 +12,9 @@ Three messages are dropped, each matched exactly (every other warning and log li
 
 The model summary leaves out its FLOPs column when it has no FLOPs to show: Lightning counts them only for a
 model with an ``example_input_array``, and prints a column of zeros otherwise. The progress bar leaves out
-``v_num``, the logger's version number (the run folder's ``version_N``, printed once when the run starts).
+``v_num``, the logger's version number (the run folder's ``version_N``, printed once when the run starts). Both are
+given to the Trainer as its callbacks (``quiet_callbacks``), in place of Lightning's defaults; a bar or summary the
+config lists is used as given (``gpt_lit.console.QuietRichProgressBar`` there takes RichProgressBar's arguments).
 """
 
 from __future__ import annotations
@@ -23,15 +26,13 @@ from typing import Any
 
 import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar, RichModelSummary, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 from rich.file_proxy import FileProxy
 
-DROPPED_LOG_LINES = {
-    # logger name: the start of each message dropped from it
-    "lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
-    "lightning.fabric.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",),
-}
+# The start of each message dropped from Lightning's two rank-zero loggers
+DROPPED_LOG_LINES = ("💡 Tip: For seamless cloud logging", "Trainer already configured with model summary callbacks")
+RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 # The loggers Lightning gives a handler of its own (its packages' __init__), printing to the streams of the import.
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 DROPPED_WARNINGS = [
@@ -54,12 +55,10 @@ class DropMessages(logging.Filter):
 
 def quiet_console() -> None:
     """Install the filters above (once per process; calling it again changes nothing)."""
-    loggers = {name: logging.getLogger(name) for name in DROPPED_LOG_LINES}
-    loggers[rank_zero_module.log.name] = rank_zero_module.log  # whichever of the two rank_zero loggers is in use
-    for name, logger in loggers.items():
-        starts = DROPPED_LOG_LINES.get(name, DROPPED_LOG_LINES["lightning.pytorch.utilities.rank_zero"])
-        if not any(isinstance(f, DropMessages) and f.starts == starts for f in logger.filters):
-            logger.addFilter(DropMessages(starts))
+    # rank_zero_module.log: whichever of the two rank_zero loggers is in use
+    for logger in {*map(logging.getLogger, RANK_ZERO_LOGGERS), rank_zero_module.log}:
+        if not any(isinstance(f, DropMessages) for f in logger.filters):
+            logger.addFilter(DropMessages(DROPPED_LOG_LINES))
     for message, category in DROPPED_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
 
@@ -108,17 +107,6 @@ class Summary(RichModelSummary):
         console.print(grid)
 
 
-def use_quiet_summary(trainer: Trainer) -> None:
-    """Turn Lightning's model summary (its default, or one in the config) into ``Summary``.
-
-    As for the progress bar, only the class changes, to a subclass that adds nothing but ``summarize``: the
-    summary keeps its depth and settings. Like ``RichModelSummary``, it needs rich (installed with Lightning).
-    """
-    for callback in trainer.callbacks:
-        if type(callback) in (ModelSummary, RichModelSummary):
-            callback.__class__ = Summary
-
-
 class QuietRichProgressBar(RichProgressBar):
     """Lightning's rich progress bar without ``v_num`` (Lightning's documented way: override ``get_metrics``), and
     with Lightning's log lines of a ``fit`` printed above the bar, as a ``print()`` is.
@@ -127,6 +115,8 @@ class QuietRichProgressBar(RichProgressBar):
     it. Lightning's log handlers keep the streams they were given at import, so their lines ("`Trainer.fit` stopped:
     `max_epochs=10` reached." at the end of every run) went under the bar, glued to its last line. From the start of
     training to the end of ``fit`` they write to the proxies instead."""
+
+    _handler_streams: tuple[tuple[logging.StreamHandler, Any], ...] = ()  # (handler, the stream it had): while live
 
     def get_metrics(self, trainer: Trainer, pl_module: Any) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
@@ -142,12 +132,12 @@ class QuietRichProgressBar(RichProgressBar):
             for handler in logging.getLogger(name).handlers:
                 if type(handler) is logging.StreamHandler and handler.stream in proxies:
                     swapped.append((handler, handler.setStream(proxies[handler.stream])))
-        self._handler_streams = swapped  # (the bar may be one made by Lightning, given this class: no __init__ of ours)
+        self._handler_streams = tuple(swapped)
 
     def _put_back_streams(self) -> None:
-        for handler, stream in getattr(self, "_handler_streams", []):
+        for handler, stream in self._handler_streams:
             handler.setStream(stream)
-        self._handler_streams = []
+        self._handler_streams = ()
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         self._put_back_streams()
@@ -158,24 +148,13 @@ class QuietRichProgressBar(RichProgressBar):
         super().on_exception(trainer, pl_module, exception)
 
 
-class QuietTQDMProgressBar(TQDMProgressBar):
-    """Lightning's tqdm progress bar (used where rich is not installed) without ``v_num``."""
-
-    def get_metrics(self, trainer: Trainer, pl_module: Any) -> dict[str, Any]:
-        items = super().get_metrics(trainer, pl_module)
-        items.pop("v_num", None)
-        return items
-
-
-QUIET_BARS = {RichProgressBar: QuietRichProgressBar, TQDMProgressBar: QuietTQDMProgressBar}
-
-
-def use_quiet_progress_bar(trainer: Trainer) -> None:
-    """Turn Lightning's progress bar (its default, or one in the config) into the quiet one of the same kind.
-
-    The bar keeps its settings (refresh rate, theme, ...): only its class changes, to a subclass that adds
-    nothing but ``get_metrics``. With ``--trainer.enable_progress_bar false`` there is no bar and nothing to do.
+def quiet_callbacks(trainer: Any, callbacks: list[Callback]) -> list[Callback]:
+    """The quiet bar and summary for a Trainer of these settings (the config's ``trainer``) and callbacks: each
+    unless the callbacks have one of their own or the settings turn it off (Lightning then makes no default either).
     """
-    for callback in trainer.callbacks:
-        if type(callback) in QUIET_BARS:
-            callback.__class__ = QUIET_BARS[type(callback)]
+    quiet: list[Callback] = []
+    if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+        quiet.append(QuietRichProgressBar())
+    if trainer.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+        quiet.append(Summary())
+    return quiet

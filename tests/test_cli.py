@@ -207,3 +207,22 @@ def test_prompts_from_a_file(tmp_path, capsys, monkeypatch):
     first = out.index("The Time Traveller preventionの� Const preventionの� needy Chris IV DOJanton Richard doubt")
     second = out.index("Attention is retrospective programmer programmer programmer programmerLinkedIn")
     assert first < second
+
+
+def test_no_bar_no_summary_or_the_configs_own_bar(tmp_path, capsys, caplog, monkeypatch):
+    """``--trainer.enable_progress_bar false`` and ``--trainer.enable_model_summary false`` print neither; a bar the
+    config lists is the bar, as given (Lightning's ``v_num`` and all), beside the quiet summary."""
+    monkeypatch.chdir(tmp_path)
+    steps = [*TINY, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
+    steps += ["--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0", "--data.eval_train", "false"]
+    off = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    code, out, err = run_main(capsys, "fit", *steps, *off)
+    assert code == 0 and "Epoch 0" not in out + err and "Trainable params" not in out + err, out + err
+
+    config = tmp_path / "tqdm.yaml"
+    config.write_text("trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.TQDMProgressBar\n")
+    code, out, err = run_main(capsys, "fit", "--config", str(config), *steps)
+    assert code == 0 and "Trainable params" in out and "FLOPs" not in out, out + err
+    bars = [line for line in out.split("\r") if line.startswith("Epoch 0: 100%")]  # Lightning's tqdm bar: stdout
+    assert bars and "v_num=1" in bars[-1], out  # the second run: version_1
+    assert "already configured" not in caplog.text  # Lightning's note that it makes no summary of its own
