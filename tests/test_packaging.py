@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY
 
-NOISE = ["Tip:", "litlogger", "LeafSpec", "deprecated", "weights_only", "FLOPs", "Warning"]
+NOISE = ["Tip:", "litlogger", "already configured", "LeafSpec", "deprecated", "weights_only", "FLOPs", "Warning"]
 
 
 def run(*args: str, **kw) -> subprocess.CompletedProcess:
