@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-from gpt_lit.errors import GptLitError
+from gpt_lit.errors import GptLitError, say
 
 BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
 BOOK_FILE = "pg35.txt"
@@ -35,13 +32,12 @@ def check_edition(path: Path, raw: bytes) -> bool:
     digest = hashlib.sha256(raw).hexdigest()
     if digest == BOOK_SHA256:
         return True
-    if rank_zero_only.rank == 0:
-        print(
-            f"warning: {path} is another copy of The Time Machine than the one the README's numbers come from "
-            f"(sha256 {digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses "
-            f"will differ; leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
-            file=sys.stderr,
-        )
+    say(
+        "warning",
+        f"{path} is another copy of The Time Machine than the one the README's numbers come from (sha256 "
+        f"{digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses will differ; "
+        f"leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
+    )
     return False
 
 

@@ -16,17 +16,15 @@ import copy
 import dataclasses
 import pickle
 import re
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import LightningModule
 
 from gpt_lit.cli_keys import cli_key
-from gpt_lit.errors import GptLitError, one_line
+from gpt_lit.errors import GptLitError, one_line, say
 from gpt_lit.model import GPTConfig
 
 # Types beyond torch's own allowlist that a gpt_lit checkpoint may hold: plain data, whose unpickling runs none
@@ -72,11 +70,7 @@ def refusal(path: str, error: BaseException) -> str:
 
 
 def warn_loaded_as_code(path: str) -> None:
-    if rank_zero_only.rank == 0:
-        print(
-            f"warning: checkpoint {path} was loaded as code ({TRUST_OPTION}): any code it carries has run",
-            file=sys.stderr,
-        )
+    say("warning", f"checkpoint {path} was loaded as code ({TRUST_OPTION}): any code it carries has run")
 
 
 def load_checkpoint(path: str | Path, trust: bool = False, **kwargs: Any) -> tuple[Any, bool]:

@@ -292,9 +292,7 @@ class GPTLitCLI(LightningCLI):
         # LastCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
         last = self.last_checkpoint
         by = last.stopped_by if last else "SIGTERM" if isinstance(error, SIGTERMException) else "Ctrl-C"
-        if rank_zero_only.rank == 0:
-            print(f"error: {self.subcommand} stopped by {by}{self.how_to_resume()}", file=sys.stderr)
-        sys.exit(143 if by == "SIGTERM" else 130)
+        fail(f"{self.subcommand} stopped by {by}{self.how_to_resume()}", 143 if by == "SIGTERM" else 130)
 
     def how_to_resume(self) -> str:
         """The end of the stop's message: the command that resumes the run."""
@@ -335,9 +333,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
-        if rank_zero_only.rank == 0:
-            print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        fail("interrupted", 130)
     except Exception as e:
         if isinstance(e, (ValueError, TypeError)) and about_the_configuration(e):
             fail(e)

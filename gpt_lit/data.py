@@ -8,19 +8,17 @@ The book itself comes from ``gpt_lit.book_source``, the windows from ``gpt_lit.w
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from gpt_lit.book_source import BOOK_FILE, default_data_dir, ensure_book, load_book
 from gpt_lit.epoch_order import GlobalOrderSampler, check_same_order, order_settings, steps_left
-from gpt_lit.errors import GptLitError
+from gpt_lit.errors import GptLitError, say
 from gpt_lit.prompts import Prompts, read_prompts
 from gpt_lit.tokenizer import encode, get_tokenizer
 from gpt_lit.windows import TokenWindows, skipped_text
@@ -152,8 +150,8 @@ class TimeMachineData(L.LightningDataModule):
                     f"window of context_length+1={self.context_length + 1}: use a smaller data.context_length or the "
                     f"full book"
                 )
-        if self.stride > self.context_length and rank_zero_only.rank == 0:
-            print(f"note: {skipped_text(self.train_set, self.val_set)}", file=sys.stderr)
+        if self.stride > self.context_length:
+            say("note", skipped_text(self.train_set, self.val_set))
 
     def check_full_batches(self, world: int | None = None) -> None:
         """Raise a GptLitError unless each of ``world`` processes (default: the Trainer's) gets at least one full

@@ -20,11 +20,16 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 
-def fail(message: object) -> NoReturn:
-    """Print ``error: <message>`` as one line on stderr (once, from process 0) and exit with status 2."""
-    if rank_zero_only.rank == 0:
-        print(f"error: {one_line(message)}", file=sys.stderr)
-    sys.exit(2)
+@rank_zero_only
+def say(kind: str, message: object) -> None:
+    """Print ``<kind>: <message>`` (error, warning, note) as one line on stderr, once: from process 0 only."""
+    print(f"{kind}: {one_line(message)}", file=sys.stderr)
+
+
+def fail(message: object, status: int = 2) -> NoReturn:
+    """Say ``error: <message>`` and exit with ``status``: 2, a mistake in the input; 130 or 143, a stop."""
+    say("error", message)
+    sys.exit(status)
 
 
 def short_type_error(message: str) -> str:

@@ -77,6 +77,14 @@ def checkpoints_dirpath(trainer: Namespace) -> Path | None:
     return Path(inits[0].get("dirpath")) if inits else None
 
 
+def nothing_to_read(which: str, what: str, config_given: bool = True) -> GptLitError:
+    """``--ckpt_path last|best`` found ``what`` ("no run in <folder>"): train one, or give a checkpoint's path."""
+    give = " and the same config, or give" if config_given else ", or give --config (the config whose runs to use) or"
+    return GptLitError(
+        f"--ckpt_path {which}: {what} (from {Path.cwd()}). Train one with `{PROG} fit`{give} a checkpoint's path"
+    )
+
+
 def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirpath: Path | None = None) -> str:
     """``last.ckpt`` (which="last") or the best checkpoint (which="best") of the newest run under ``folder``
     (found in last.ckpt, read as data unless ``trust``: see ``read_checkpoint``); in ``dirpath`` instead where the
@@ -84,10 +92,7 @@ def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirp
     if dirpath is not None:
         last = dirpath / "last.ckpt"
         if not last.is_file():
-            raise GptLitError(
-                f"--ckpt_path {which}: no last.ckpt in {dirpath}, the config's ModelCheckpoint's dirpath (from "
-                f"{Path.cwd()}). Train one with `{PROG} fit` and the same config, or give a checkpoint's path"
-            )
+            raise nothing_to_read(which, f"no last.ckpt in {dirpath}, the config's ModelCheckpoint's dirpath")
         return str(last) if which == "last" else best_of(last, dirpath, trust)
     if folder is None:
         raise GptLitError(
@@ -96,10 +101,7 @@ def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirp
         )
     runs = sorted((p for p in folder.glob("version_*") if p.is_dir() and version_number(p) >= 0), key=version_number)
     if not runs:
-        raise GptLitError(
-            f"--ckpt_path {which}: no run in {folder} (from {Path.cwd()}). Train one with `{PROG} fit` and the same "
-            f"config, or give a checkpoint's path"
-        )
+        raise nothing_to_read(which, f"no run in {folder}")
     run = runs[-1]
     last = run / "checkpoints" / "last.ckpt"
     if not last.is_file():
@@ -226,10 +228,7 @@ def newest_config_runs(base: Path, which: str) -> Path:
     runs = [p for pattern in ("version_*", "*/version_*") for p in base.glob(pattern) if p.is_dir()]
     folders = sorted({run.parent for run in runs})
     if not folders:
-        raise GptLitError(
-            f"--ckpt_path {which}: no run in {base} (from {Path.cwd()}). Train one with `{PROG} fit`, or give "
-            f"--config (the config whose runs to use) or a checkpoint's path"
-        )
+        raise nothing_to_read(which, f"no run in {base}", config_given=False)
     if len(folders) > 1:
         names = [f.name for f in folders if f != base]
         raise GptLitError(
