@@ -204,15 +204,13 @@ class GPTLightning(L.LightningModule):
         return None
 
     def on_validation_epoch_end(self) -> None:
-        # Every process computes each set's mean (a collective across processes), then starts afresh; the means are
-        # logged, and kept as this validation's results.
+        # The metric objects, as on_test_epoch_end logs them: Lightning logs their means across processes and resets
+        # them after the loop; each mean (computed once, a collective across processes) is this validation's result.
         results: dict[str, Any] = {}
         for name, metric in (("loss/val", self.val_loss), ("loss/train", self.train_eval_loss)):
             if metric.update_count:
-                value = metric.compute()
-                metric.reset()
-                self.log(name, value, prog_bar=True)
-                results[name] = value.item()
+                self.log(name, metric, prog_bar=True)
+                results[name] = metric.compute().item()
         self.last_validation = None if self.trainer.sanity_checking else results
 
     def test_step(self, batch, batch_idx: int) -> None:

@@ -3,9 +3,9 @@
 The book cut as the shipped config cuts it, a window every 128 tokens, and a tiny model with windows of 32 tokens:
 317 training and 37 validation windows, so two processes get 19 and 18 validation windows. ONE pair of
 processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
-<step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test` and `predict`
-on the checkpoint it left, SIGTERM to either process, tests/test_resume_windows.py's run resumed mid-epoch (a
-one-process run made here first), and a full disk. Lightning starts process 1 itself, by running the same script
+<step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test`, `validate` and
+`predict` on the checkpoint it left, SIGTERM to either process, tests/test_resume_windows.py's run resumed mid-epoch
+(a one-process run made here first), and a full disk. Lightning starts process 1 itself, by running the same script
 again, as it does for `python -m gpt_lit`. Each step's stdout, stderr and exit status, per process, are kept; the
 tests read them and the run folder. To check something more on two processes, add a step to ``STEPS`` and a test
 that reads ``ddp.step(name)``. The one-process references run in this process (``main``).
@@ -122,6 +122,7 @@ DISK_FULL_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.FillTheDisk",
 STEPS = [
     ("fit", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", POISON_AT_STEP_3]),  # 2 epochs of 2 steps
     ("test", ["test", *LAST, *DDP]),
+    ("validate", ["validate", *LAST, *DDP, "--trainer.logger.init_args.name", "validate"]),
     ("predict", ["predict", *LAST, "--data.prompts", json.dumps(PROMPTS), *SAMPLING, *DDP]),
     sigterm(1),
     sigterm(0),
@@ -268,7 +269,15 @@ def test_test_on_two_processes_equals_one_and_the_runs_validation(ddp, run):
     one = main([*args, *ONE]).trainer.callback_metrics["test/loss"].item()
     [(_, val_loss)] = scalars(run)["loss/val"]  # the test set is the validation set
     assert two_loss == pytest.approx(one, abs=1e-5) and one == pytest.approx(val_loss, abs=1e-5)
-    assert "sync_dist" not in err  # Lightning's advice for values it would not reduce itself: they are reduced
+
+
+@pytest.mark.parametrize("step", ["fit", "validate", "test"])
+def test_no_sync_dist_advice_for_values_the_metrics_reduced(ddp, step):
+    # Lightning's advice for epoch values it would not reduce itself: the metrics reduce them across processes.
+    # Lightning gives each advice once per process, so "fit", the session's first step, is where it would show.
+    codes, _, err = ddp.step(step)
+    assert step == "fit" or codes == [0, 0], err[-3000:]
+    assert "sync_dist" not in err, err[-3000:]
 
 
 def test_predict_on_two_processes_writes_every_prompt_once_in_order(ddp, run):
