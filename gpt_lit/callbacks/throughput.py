@@ -31,12 +31,17 @@ def matmul_dtype(precision: str) -> torch.dtype:
     return torch.float64 if precision.startswith("64") else torch.float32
 
 
+SLOW = 5e9  # FLOP/s: a dtype without a fast kernel on the device (bf16 on a CPU without bf16 units) runs below it
+
+
 @functools.cache
 def measured_peak(device: torch.device, dtype: torch.dtype, threads: int) -> float:
-    """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3:
-    measured once per process for each (the machine's rate is the same for the next run in a notebook or a test
+    """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3;
+    that of one 512 x 512 ``torch.mm`` where it runs below ``SLOW`` (there a 2048 x 2048 one would take minutes).
+    Measured once per process for each (the machine's rate is the same for the next run in a notebook or a test
     session, and each measurement takes time)."""
-    return matmul_peak(device, dtype, reps=3)
+    small = matmul_peak(device, dtype, n=512, reps=1)
+    return small if small < SLOW else matmul_peak(device, dtype, reps=3)
 
 
 class Throughput(ThroughputMonitor):
@@ -53,8 +58,8 @@ class Throughput(ThroughputMonitor):
 
         MFU = FLOPs per token x tokens/s / peak: training 6 N + 12 n_layers T emb_dim per token, evaluation
         2 N + 4 n_layers T emb_dim (gpt_lit/flops.py), over the rate of a 2048 x 2048 ``torch.mm`` in the
-        precision's matmul dtype (the median of 3, as ``scripts/bench.py`` measures it), measured when the first run
-        of the process starts (``measured_peak``).
+        precision's matmul dtype (the median of 3, as ``scripts/bench.py`` measures it; a 512 x 512 one where the
+        dtype has no fast kernel), measured when the first run of the process starts (``measured_peak``).
 
         Args:
             window_size: Steps (or evaluation batches) each rate is averaged over; at least 2.
