@@ -42,8 +42,7 @@ from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.checkpoint_reading import TRUST_HELP, check_architecture, refusal
-from gpt_lit.checkpoint_thread import BackgroundCheckpointIO
-from gpt_lit.checkpointing import AtomicCheckpointIO
+from gpt_lit.checkpointing import AtomicCheckpointIO, BackgroundCheckpointIO
 from gpt_lit.console import quiet_callbacks, quiet_console
 from gpt_lit.data import TimeMachineData
 from gpt_lit.error_source import where_from
@@ -245,13 +244,11 @@ class GPTLitCLI(LightningCLI):
         callbacks.append(FiniteLoss(self.last_checkpoint))
         if self.last_checkpoint is not None:
             callbacks.append(self.last_checkpoint)
-        # Atomic saves on a thread beside training, whatever --trainer.plugins the user gives (unless it is a
-        # CheckpointIO of their own); AsyncCheckpointIO without a CheckpointIO to wrap wraps the atomic one.
+        # Atomic saves on a thread beside training, whatever --trainer.plugins says, unless it gives a CheckpointIO
+        # that writes (an AsyncCheckpointIO with nothing to wrap is this one).
         plugins = config.get("plugins") or []
-        plugins = list(plugins) if isinstance(plugins, list) else [plugins]
-        for plugin in plugins:
-            if isinstance(plugin, AsyncCheckpointIO) and plugin.checkpoint_io is None:
-                plugin.checkpoint_io = AtomicCheckpointIO()
+        plugins = [p for p in (plugins if isinstance(plugins, list) else [plugins])
+                   if not (isinstance(p, AsyncCheckpointIO) and p.checkpoint_io is None)]  # fmt: skip
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(BackgroundCheckpointIO(AtomicCheckpointIO()))
         callbacks += quiet_callbacks(config, callbacks)  # in place of Lightning's default bar and summary

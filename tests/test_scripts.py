@@ -1,5 +1,5 @@
 """The scripts as a reader runs them (their ``main(argv)``, loaded from scripts/ in this process): the book's
-values beside ours, real PNG figures, a checkpoint's write timed both ways."""
+values beside ours, real PNG figures."""
 
 from __future__ import annotations
 
@@ -148,13 +148,3 @@ def test_reproduce_chapter_prints_every_table_with_the_books_values_and_ours(tmp
     gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
     assert gelu_line.get_ydata() == pytest.approx(gelu, abs=1e-5)
     assert relu_line.get_ydata() == pytest.approx(np.maximum(x, 0), abs=1e-6)
-
-
-def test_checkpoint_write_times_a_write_both_ways_and_leaves_nothing(capsys, tmp_path):
-    args = ["--mb", "2", "--rounds", "2", "--gap", "0", "--dir", str(tmp_path)]
-    code, out, _ = run_script(capsys, "checkpoint_write", *args)
-    assert code == 0
-    values = {name: float(value) for name, value in (line.split(": ") for line in out.splitlines())}
-    assert values["bytes"] == 2 * 2**20
-    assert values["uncached_wall_s"] > 0 and values["cached_wall_s"] > 0
-    assert list(tmp_path.iterdir()) == []  # its temporary folder and files are gone

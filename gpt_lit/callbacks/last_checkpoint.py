@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-from gpt_lit.checkpointing import NoRoomError
+from gpt_lit.checkpointing import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
 
 CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
@@ -247,8 +247,7 @@ class LastCheckpoint(Checkpoint):
     def save(self, trainer: L.Trainer) -> None:
         if self.path is None or trainer.sanity_checking or trainer.fast_dev_run:
             return
-        if trainer.world_size > 1:  # another callback's save failed: last.ckpt must not name its file as saved
-            self._raise_a_failed_save(trainer)
+        self._raise_a_failed_save(trainer)  # another callback's: last.ckpt must not name its file as saved
         self._saving = True
         try:
             trainer.save_checkpoint(self.path, weights_only=False)  # all a resume needs, not the weights only
@@ -259,12 +258,14 @@ class LastCheckpoint(Checkpoint):
         self.saved_step = trainer.global_step
 
     def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
-        """Under several processes, raise on every one of them the error of a save (this one, or another checkpoint
-        callback's since the last) that failed on process 0, which alone writes: one broadcast of its message.
-        Until then AtomicCheckpointIO removes no file, so a ModelCheckpoint keeps its previous best."""
+        """Raise on every process the error of a save that found no room on process 0, which alone writes (one
+        broadcast); under several processes once process 0's saves under way are written, so that all stop together.
+        Until then AtomicCheckpointIO writes and removes nothing, so a ModelCheckpoint keeps its previous best."""
         io = trainer.strategy.checkpoint_io
-        io = getattr(io, "checkpoint_io", None) or io  # AsyncCheckpointIO wraps the one that writes
-        failed = getattr(io, "failed", None)
+        if trainer.world_size > 1 and isinstance(io, BackgroundCheckpointIO):
+            io.wait()
+        writer = getattr(io, "checkpoint_io", io)  # the one an AsyncCheckpointIO wraps
+        failed = writer.failure() if isinstance(writer, AtomicCheckpointIO) else None
         message = trainer.strategy.broadcast(str(failed) if failed else None, src=0)
         if message is not None:
             raise NoRoomError(message)
