@@ -102,7 +102,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     Lightning's removes at once, and ModelCheckpoint removes its previous best just after asking for the new one."""
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        super().save_checkpoint(REMOVE, path)
+        super().save_checkpoint(REMOVE, path)  # queued on the thread; the wrapped plugin removes ``path`` in turn
 
     def wait(self) -> None:
         """Wait until the saves asked so far are written (the next save starts the thread again)."""

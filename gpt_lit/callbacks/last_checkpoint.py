@@ -258,9 +258,8 @@ class LastCheckpoint(Checkpoint):
         self.saved_step = trainer.global_step
 
     def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
-        """Raise on every process the error of a save that found no room on process 0, which alone writes (one
-        broadcast); under several processes once process 0's saves under way are written, so that all stop together.
-        Until then AtomicCheckpointIO writes and removes nothing, so a ModelCheckpoint keeps its previous best."""
+        """On every process (one broadcast; under several, once process 0's saves are written), the error of a save
+        that found no room on process 0, which alone writes; AtomicCheckpointIO writes and removes nothing since."""
         io = trainer.strategy.checkpoint_io
         if trainer.world_size > 1 and isinstance(io, BackgroundCheckpointIO):
             io.wait()
