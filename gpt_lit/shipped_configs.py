@@ -36,16 +36,3 @@ def find_config(value: str) -> str:
         f"--config {value}: no such file, and no shipped config of that name; the shipped configs are "
         f"{', '.join(configs)} (give one of these names, or a config file's path)"
     )
-
-
-def with_shipped_configs(args: list[str]) -> list[str]:
-    """``args`` with every ``--config``/``-c`` value replaced by ``find_config``'s answer."""
-    out, args = [], list(args)
-    for i, arg in enumerate(args):
-        if i and args[i - 1] in ("--config", "-c"):
-            arg = find_config(arg)
-        elif arg.startswith(("--config=", "-c=")):
-            option, value = arg.split("=", 1)
-            arg = f"{option}={find_config(value)}"
-        out.append(arg)
-    return out
