@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import lightning.pytorch as pl
-from jsonargparse import ActionConfigFile, Namespace
+from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import Checkpoint
@@ -46,35 +46,15 @@ from gpt_lit.checkpointing import AtomicCheckpointIO
 from gpt_lit.console import quiet_callbacks, quiet_console
 from gpt_lit.data import TimeMachineData
 from gpt_lit.error_source import error_line
-from gpt_lit.errors import GptLitError, about_the_configuration, check_accelerator, fail, one_line
+from gpt_lit.errors import GptLitError, check_accelerator, fail, one_line, raised_by_lightning
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.prompts import read_prompts
 from gpt_lit.run_plan import RunPlan, make_plan
 from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run, run_config
-from gpt_lit.shipped_configs import find_config, shipped_configs
+from gpt_lit.shipped_configs import LINKS, ConfigFile, shipped_configs
 from gpt_lit.tokenizer import vocab_size
-
-# The model's keys that come from the data (linked): (the data's key, the model's key).
-LINKS = (("data.context_length", "model.config.context_length"), ("data.tokenizer", "model.config.vocab_size"))
-
-
-class ConfigFile(ActionConfigFile):
-    """``-c``/``--config``: jsonargparse's config file action, which also takes a shipped config's name
-    (``find_config``; jsonargparse reads a path or YAML text), refuses a link's target set in the file (jsonargparse
-    refuses it on the command line but drops it from a file silently), and tells the parser which file it reads, so
-    that an error names it (jsonargparse's messages name the key, not the file)."""
-
-    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
-        path = find_config(values)
-        parser.reading = path
-        super().__call__(parser, cfg, path, option_string)
-        for source, target in LINKS:
-            if target in cfg:  # given, even as null
-                parser.error(f'Linked "{target}" must be given via "{source}".')
-        parser.reading = None
-        parser.read.append(path)
 
 
 class GPTLitParser(LightningArgumentParser):
@@ -220,6 +200,12 @@ class GPTLitCLI(LightningCLI):
         if config.get("model.init_from") and not plan.weights_from_checkpoint and rank_zero_only.rank == 0:
             fetch(config.get("model.init_from"))
 
+    def instantiate_classes(self) -> None:
+        try:  # a refused value (GPTConfig's checks, the Trainer's) is the configuration's: one error line
+            super().instantiate_classes()
+        except (ValueError, TypeError) as e:
+            raise GptLitError(e) from None
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         for init in self.versioned:  # the loggers are made: config.yaml keeps null, so a fit from it is a new run
             init.version = None
@@ -307,8 +293,8 @@ class GPTLitCLI(LightningCLI):
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
     """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
 
-    A mistake in the input (GptLitError, Lightning's MisconfigurationException, a bad value found while the
-    configuration is read) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
+    A mistake in the input (GptLitError, Lightning's MisconfigurationException, a value refused as the objects are
+    built or by Lightning's code) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
     then a line saying what was running, status 1.
     """
     command_line = list(sys.argv[1:] if args is None else args)
@@ -328,7 +314,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
         fail("interrupted", 130)
     except Exception as e:
-        if isinstance(e, (ValueError, TypeError)) and about_the_configuration(e):
+        if isinstance(e, (ValueError, TypeError)) and raised_by_lightning(e):
             fail(e)
         traceback.print_exc()
         command = " ".join(["python -m gpt_lit", *command_line])

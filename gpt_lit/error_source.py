@@ -13,7 +13,8 @@ from gpt_lit.errors import short_type_error
 
 
 def key_line(path: str, key: str) -> str:
-    """", line N": where the YAML file ``path`` sets the dotted ``key`` (or a key ending with it); "" if it does not."""
+    """The line where the YAML file ``path`` sets the dotted ``key`` (or a key ending with it), as ", line N";
+    "" where it does not."""
     try:
         nodes = [(yaml.compose(Path(path).read_text(encoding="utf-8")), "")]
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

@@ -16,7 +16,7 @@ from gpt_lit.errors import GptLitError
 PROG = "python -m gpt_lit"
 # ckpt_path values Lightning resolves itself rather than reading a file
 LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
-# The subcommands that read a checkpoint and can take its run's settings (with_run_config)
+# The subcommands that read a checkpoint and can take its run's settings (run_config)
 READING_SUBCOMMANDS = ("validate", "test", "predict", "export")
 DEFAULT_LOGS = "lightning_logs"  # where LightningCLI's default logger, and every shipped config, keeps its runs
 

@@ -257,7 +257,8 @@ def test_best_and_a_trusted_checkpoint_without_config(tmp_path, monkeypatch):
         best_of(run / "checkpoints" / "last.ckpt", run, False)  # not data: refused without trust
     monkeypatch.chdir(tmp_path)
     assert run_config("test", given("best", trust=True)) == (
-        "lightning_logs/version_0/config.yaml", "lightning_logs/version_0/checkpoints/best-epoch01.ckpt"
+        "lightning_logs/version_0/config.yaml",
+        "lightning_logs/version_0/checkpoints/best-epoch01.ckpt",
     )
     with pytest.raises(GptLitError):
         run_config("test", given("best"))
