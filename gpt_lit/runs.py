@@ -240,7 +240,8 @@ def run_config(subcommand: str | None, config: Namespace) -> tuple[str, str] | N
     if subcommand not in READING_SUBCOMMANDS or config.get("config") or not ckpt:
         return None
     if ckpt in ("last", "best"):
-        base = Path(config.get("trainer.default_root_dir") or ".") / DEFAULT_LOGS
+        local_folders(config.trainer)  # a "~" or file:// default_root_dir as the folder it names
+        base = Path(config.trainer.get("default_root_dir") or ".") / DEFAULT_LOGS
         path = latest_checkpoint(newest_config_runs(base, ckpt), ckpt, bool(config.get("trust_checkpoint")))
         run = run_of(path)
         if run is None or not (run / "config.yaml").is_file():

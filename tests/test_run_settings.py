@@ -60,3 +60,15 @@ def test_the_runs_config_is_under_every_option_given_before_or_after_ckpt_path(t
     assert config["model"]["config"]["emb_dim"] == 32  # the run's (its residual.yaml says 256)
     assert (config["data"]["eval_batch_size"], config["model"]["lr"]) == (3, 0.5)
     assert config["ckpt_path"] == str(tiny_run.version.relative_to(tiny_run.root) / "checkpoints" / "last.ckpt")
+
+
+def test_ckpt_path_last_without_config_looks_under_a_home_default_root_dir(tiny_run, capsys, monkeypatch, tmp_path):
+    """`--trainer.default_root_dir '~/'` (quoted: the shell leaves it) is the home folder, as for the run's files."""
+    monkeypatch.setenv("HOME", str(tiny_run.root))
+    monkeypatch.chdir(tmp_path)
+    args = ["--trainer.default_root_dir", "~/", "--ckpt_path", "last", "--print_config"]
+    code, out, err = run_main(capsys, "test", *args)
+    assert code == 0, err[-3000:]
+    config = yaml.safe_load(out)
+    assert config["model"]["config"]["emb_dim"] == 32  # the run's own config
+    assert config["ckpt_path"] == str(tiny_run.version / "checkpoints" / "last.ckpt")
