@@ -53,7 +53,7 @@ class ConfigFile(ActionConfigFile):
 
     def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
         path = find_config(values)
-        parser.reading = path
+        parser.reading = path if Path(path).is_file() else None  # not YAML text, nor a file that is not there
         super().__call__(parser, cfg, path, option_string)
         for source, target in LINKS:
             if target in cfg:  # given, even as null
