@@ -7,7 +7,7 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints ho
 Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
 gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
 ``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
-predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.with_run_config).
+predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.run_config).
 ``validate``, ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a
 Hugging Face GPT-2 folder (gpt_lit/export.py). Every checkpoint is loaded as data (``weights_only``; see
 gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
@@ -17,18 +17,17 @@ the hooks after it only read.
 
 from __future__ import annotations
 
+import glob
 import os
 import pickle
 import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning.pytorch as pl
-import yaml
-from jsonargparse import ActionConfigFile
+from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import Checkpoint
@@ -45,49 +44,39 @@ from gpt_lit.checkpoint_reading import TRUST_HELP, check_architecture, refusal
 from gpt_lit.checkpointing import AtomicCheckpointIO, BackgroundCheckpointIO
 from gpt_lit.console import quiet_callbacks, quiet_console
 from gpt_lit.data import TimeMachineData
-from gpt_lit.error_source import where_from
-from gpt_lit.errors import GptLitError, about_the_configuration, check_accelerator, fail, one_line, short_type_error
+from gpt_lit.error_source import error_line
+from gpt_lit.errors import GptLitError, check_accelerator, fail, one_line, raised_by_lightning
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.prompts import read_prompts
 from gpt_lit.run_plan import RunPlan, make_plan
-from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run, with_run_config
-from gpt_lit.shipped_configs import shipped_configs, with_shipped_configs
+from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run, run_config
+from gpt_lit.shipped_configs import LINKS, ConfigFile, shipped_configs
 from gpt_lit.tokenizer import vocab_size
-
-# The model's keys that come from the data (linked): (the data's key, the model's key).
-LINKS = (("data.context_length", "model.config.context_length"), ("data.tokenizer", "model.config.vocab_size"))
-
-
-def refuse_linked_keys_in_configs(parser: LightningArgumentParser, args: Sequence[str]) -> None:
-    """A config file that sets a link's target gets the parser's error for it on the command line: jsonargparse
-    refuses ``--model.config.context_length`` there, but from a config file it would drop the value silently."""
-    args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith(("--config=", "-c=")) else [arg])]
-    missing = object()
-    for option, path in zip(args, args[1:], strict=False):
-        if option not in ("--config", "-c"):
-            continue
-        try:
-            config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue  # not a readable YAML file: the parser says so
-        for source, target in LINKS:
-            node: Any = config
-            for part in target.split("."):
-                node = node.get(part, missing) if isinstance(node, dict) else missing
-            if node is not missing:  # given, even as null
-                parser.error(f'Linked "{target}" must be given via "{source}".')
 
 
 class GPTLitParser(LightningArgumentParser):
     """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage,
-    naming the YAML file and line, or the command-line option, it came from."""
+    naming the config file and line, or the command-line option, it came from (``error_line``); and the parser of
+    validate/test/predict/export takes a run's checkpoint's own config.yaml as its defaults when no ``--config``
+    is given (``runs.run_config``)."""
 
-    def __init__(self, *args: Any, command_line: Sequence[str] = (), **kwargs: Any) -> None:
-        """``command_line``: the arguments being parsed, to say where a bad key or value came from."""
+    def __init__(self, *args: Any, read: list[str] | None = None, **kwargs: Any) -> None:
+        """``read``: the config files read so far (ConfigFile's), shared by the parser and its subcommands'."""
         super().__init__(*args, **kwargs)
-        self.command_line = list(command_line)
+        self.read = [] if read is None else read
+        self.reading: str | None = None  # the config file being read
+
+    def parse_args(self, args: Any = None, namespace: Any = None, **kwargs: Any) -> Namespace:
+        config = super().parse_args(args, namespace, **kwargs)
+        found = run_config(getattr(self, "subcommand", None), config)  # jsonargparse names a subcommand's parser
+        if found is None:
+            return config
+        self.default_config_files = [glob.escape(found[0])]  # under the command line, as a --config given first
+        config = super().parse_args(args, namespace, **kwargs)
+        config.ckpt_path = found[1]  # "last"/"best" as found in the run
+        return config
 
     def add_method_arguments(self, *args: Any, **kwargs: Any) -> list[str]:
         """A subcommand's arguments (Trainer.fit's, ...); with ``--ckpt_path`` among them, the model learns from it
@@ -100,10 +89,7 @@ class GPTLitParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
             super().error(message, ex)
-        source = where_from(one_line(message), with_shipped_configs(self.command_line))  # a config named, as its file
-        if " is not valid YAML: " in source or " is not a config: " in source:
-            fail(source)
-        fail(f"{short_type_error(one_line(message))} ({source + '; ' if source else ''}--help lists the options)")
+        fail(error_line(one_line(message), ex, self.reading, self.read))
 
 
 def check_writable(trainer: Trainer) -> None:
@@ -121,18 +107,6 @@ def check_writable(trainer: Trainer) -> None:
             ) from None
 
 
-def named_subcommand(command_line: Sequence[str]) -> str | None:
-    """The command line's first word that is not an option or the value of ``-c``/``--config`` (the options that may
-    come before the subcommand): the subcommand, if it is one."""
-    words = iter(command_line)
-    for word in words:
-        if word in ("-c", "--config"):
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
 class GPTLitCLI(LightningCLI):
     """LightningCLI over GPTLightning and TimeMachineData: the run plan (gpt_lit/run_plan.py) made as the command
     line is parsed, read by the hooks after it; Ctrl-C and SIGTERM in a subcommand end with how to resume."""
@@ -140,6 +114,8 @@ class GPTLitCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = kwargs.get("args")
         self.command_line = tuple(sys.argv[1:] if given is None else given if isinstance(given, list) else ())
+        kwargs.setdefault("parser_class", GPTLitParser)
+        self.read: list[str] = []  # the config files the parsers read (GPTLitParser's)
         self.plan: RunPlan | None = None
         self.last_checkpoint: LastCheckpoint | None = None  # fit's, made in instantiate_trainer
         self.versioned: list[Any] = []  # the loggers' init_args given this run's version (one_folder_per_run)
@@ -153,11 +129,12 @@ class GPTLitCLI(LightningCLI):
 
     def subcommands(self) -> dict[str, set[str]]:
         """Lightning's four, and `export` (ExportingTrainer.export): LightningCLI makes a subcommand of each trainer
-        method listed here, with the arguments it does not skip. Where the command line names one, only that one:
-        each subcommand's parser (every option of the model, the data and the Trainer) takes long to build, and a
-        command runs one. `--help` without a subcommand, or a misspelt one, gets all five."""
+        method listed here, with the arguments it does not skip. Where the command line starts with one, only that
+        one: each subcommand's parser (every option of the model, the data and the Trainer) takes long to build,
+        and a command runs one; jsonargparse builds every parser before it parses. Anything else (`--help`, a
+        misspelt subcommand, options before it) gets all five."""
         every = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
-        named = named_subcommand(self.command_line)
+        named = self.command_line[0] if self.command_line else None
         return {named: every[named]} if named in every else every
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -165,22 +142,19 @@ class GPTLitCLI(LightningCLI):
         kwargs.setdefault("prog", PROG)
         kwargs.setdefault("allow_abbrev", False)  # `--model.config.n_layer` is a typo, not `--model.config.n_layers`
         if issubclass(self.parser_class, GPTLitParser):
-            kwargs.setdefault("command_line", self.command_line)
+            kwargs.setdefault("read", self.read)
         parser = self.parser_class(**kwargs)
         names = ", ".join(shipped_configs())
         parser.add_argument(
-            "-c", "--config", action=ActionConfigFile,
+            "-c", "--config", action=ConfigFile,
             help=f"A YAML config: a file's path, or the name of a shipped config ({names}; '.yaml' optional). "
             "A path that exists wins over a name.",
         )  # fmt: skip
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if args is None or isinstance(args, list):  # the command line (or main's list): look up --config names,
-            # and a checkpoint's run's own config.yaml when validate/test/predict/export get none
-            args = with_shipped_configs(with_run_config(list(sys.argv[1:] if args is None else args)))
-            refuse_linked_keys_in_configs(parser, args)
-            self.config = parser.parse_args(args)
+        if args is None or isinstance(args, list):  # the command line, or main's list in its place (LightningCLI
+            self.config = parser.parse_args(args)  # warns of the two together, as under pytest)
         else:
             super().parse_arguments(parser, args)
         # The plan, once: the checkpoint resolved, read (a missing, broken or refused file fails now) and trusted
@@ -224,6 +198,12 @@ class GPTLitCLI(LightningCLI):
         # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
         if config.get("model.init_from") and not plan.weights_from_checkpoint and rank_zero_only.rank == 0:
             fetch(config.get("model.init_from"))
+
+    def instantiate_classes(self) -> None:
+        try:  # a refused value (GPTConfig's checks, the Trainer's) is the configuration's: one error line
+            super().instantiate_classes()
+        except (ValueError, TypeError) as e:
+            raise GptLitError(e) from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         for init in self.versioned:  # the loggers are made: config.yaml keeps null, so a fit from it is a new run
@@ -310,8 +290,8 @@ class GPTLitCLI(LightningCLI):
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
     """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
 
-    A mistake in the input (GptLitError, Lightning's MisconfigurationException, a bad value found while the
-    configuration is read) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
+    A mistake in the input (GptLitError, Lightning's MisconfigurationException, a value refused as the objects are
+    built or by Lightning's code) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
     then a line saying what was running, status 1.
     """
     command_line = list(sys.argv[1:] if args is None else args)
@@ -321,7 +301,6 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             TimeMachineData,
             trainer_class=ExportingTrainer,
             args=args,
-            parser_class=GPTLitParser,
             save_config_kwargs={"overwrite": True},
             # Always on, whatever the config: exact resumes (FiniteLoss, LastCheckpoint: instantiate_trainer).
             trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
@@ -332,7 +311,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
         fail("interrupted", 130)
     except Exception as e:
-        if isinstance(e, (ValueError, TypeError)) and about_the_configuration(e):
+        if isinstance(e, (ValueError, TypeError)) and raised_by_lightning(e):
             fail(e)
         traceback.print_exc()
         command = " ".join(["python -m gpt_lit", *command_line])

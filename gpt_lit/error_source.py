@@ -1,4 +1,5 @@
-"""Where a bad configuration key or value came from: a YAML file and its line, or a command-line option."""
+"""Where a bad configuration key or value came from, for the parser's one error line: jsonargparse's messages name
+the key, not the config file it was read from (nor its line)."""
 
 from __future__ import annotations
 
@@ -8,62 +9,53 @@ from pathlib import Path
 
 import yaml
 
+from gpt_lit.errors import short_type_error
 
-def _yaml_keys(path: str) -> dict[str, tuple[int, str | None]]:
-    """Every key of a YAML file, dotted (``model.config.emb_dim``): its line and, for a plain value, the value."""
+
+def key_line(path: str, key: str) -> str:
+    """The line where the YAML file ``path`` sets the dotted ``key`` (or a key ending with it), as ", line N";
+    "" where it does not."""
     try:
-        root = yaml.compose(Path(path).read_text(encoding="utf-8"))
+        nodes = [(yaml.compose(Path(path).read_text(encoding="utf-8")), "")]
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    keys: dict[str, tuple[int, str | None]] = {}
-
-    def walk(node: yaml.Node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                name = f"{prefix}{key.value}"
-                keys[name] = (key.start_mark.line + 1, value.value if isinstance(value, yaml.ScalarNode) else None)
-                walk(value, f"{name}.")
-
-    walk(root, "")
-    return keys
+        return ""
+    while nodes:
+        node, prefix = nodes.pop()
+        for name, value in node.value if isinstance(node, yaml.MappingNode) else []:
+            dotted = f"{prefix}{name.value}"
+            if dotted == key or dotted.endswith(f".{key}"):
+                return f", line {name.start_mark.line + 1}"
+            nodes.append((value, f"{dotted}."))
+    return ""
 
 
-CONFIG_OPTIONS = ("--config", "-c")
-
-
-def _config_files(args: Sequence[str]) -> list[str]:
-    return [b for a, b in zip(args, args[1:], strict=False) if a in CONFIG_OPTIONS]
-
-
-def where_from(message: str, args: Sequence[str]) -> str:
-    """Where the bad part of ``message`` came from: a YAML file (and line) or a command-line option; "" if unknown."""
-    args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith(("--config=", "-c=")) else [arg])]
-    for path in _config_files(args):  # a file that is not YAML at all, or holds nothing
-        try:
-            if yaml.safe_load(Path(path).read_text(encoding="utf-8")) is None:
-                return (
-                    f"{path} is not a config: the file is empty (a config holds options as YAML keys; see "
-                    "the shipped configs, or `python -m gpt_lit fit --print_config`)"
-                )
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            line = f", line {mark.line + 1}" if mark else ""
-            return f"{path}{line} is not valid YAML: {e.problem or e.context}"
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-    match = re.search(r"option '([\w.]+)'|Parser key \"([\w.]+)\"|^([\w.]+): expected|^Linked \"([\w.]+)\"", message)
-    key = match and next(k for k in match.groups() if k)
+def where_from(message: str, error: Exception | None, reading: str | None, read: Sequence[str]) -> str:
+    """Where the key of jsonargparse's ``message`` came from: ``reading``, the config file being read when it
+    failed (a value is checked as its file is read); else, for an unknown key (a KeyError: the command line's are
+    "unrecognized arguments"), the last file of ``read`` that sets it; else the command line. "" if no key is named."""
+    named = re.search(r'(?:Parser key|Linked) "([\w.]+)"|option \'([\w.]+)\'', message)
+    key = named and (named[1] or named[2])
+    if reading:
+        return f"in {reading}{key_line(reading, key) if key else ''}"
     if not key:
         return ""
-    value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)  # a bad value: the source that gave it
-    wanted = value[1] if value else None
-    for i, arg in enumerate(args):  # parsing stops at the first source with the bad key or value
-        if arg in CONFIG_OPTIONS and i + 1 < len(args) and key in (keys := _yaml_keys(args[i + 1])):
-            line, given = keys[key]
-            if wanted is None or given == wanted:
-                return f"in {args[i + 1]}, line {line}"
-        elif arg == f"--{key}" or arg.startswith(f"--{key}="):
-            given = arg.split("=", 1)[1] if "=" in arg else args[i + 1] if i + 1 < len(args) else None
-            if wanted is None or given == wanted:
-                return f"from the command line: --{key}"
-    return ""
+    if isinstance(error, KeyError):
+        return next((f"in {path}{line}" for path in reversed(read) if (line := key_line(path, key))), "")
+    return f"from the command line: --{key}"
+
+
+def error_line(message: str, error: Exception | None, reading: str | None, read: Sequence[str]) -> str:
+    """The one line (after ``error:``) for jsonargparse's ``message`` and the exception ``error`` behind it:
+    ``reading`` a config file that is not YAML, or holds no options, says so; anything else is jsonargparse's
+    message (``short_type_error``), where it came from (``where_from``), and where the options are listed."""
+    cause = error.__cause__ if error is not None else None
+    if reading and isinstance(cause, yaml.MarkedYAMLError):  # jsonargparse's "Problems parsing config: ..."
+        mark = cause.problem_mark or cause.context_mark
+        return f"{reading}{f', line {mark.line + 1}' if mark else ''} is not valid YAML: {cause.problem}"
+    if reading and message == "Unexpected config:":  # jsonargparse's message for a file of no YAML at all
+        return (
+            f"{reading} is not a config: the file is empty (a config holds options as YAML keys; see the shipped "
+            "configs, or `python -m gpt_lit fit --print_config`)"
+        )
+    source = where_from(message, error, reading, read)
+    return f"{short_type_error(message)} ({source + '; ' if source else ''}--help lists the options)"

@@ -48,14 +48,11 @@ def short_type_error(message: str) -> str:
     return f"{key[1]}: expected {names}, got {value[1]!r}"
 
 
-def about_the_configuration(e: BaseException) -> bool:
-    """Whether ``e`` says a configured value was refused: raised while the CLI read the configuration and built
-    the objects (GPTConfig's checks), or raised by Lightning itself checking its settings while running."""
+def raised_by_lightning(e: BaseException) -> bool:
+    """Whether Lightning's own code raised ``e``: it refused a setting while running (a ``val_check_interval``
+    longer than the epoch, ...), a mistake in the input, not a bug of gpt_lit's."""
     frames = traceback.extract_tb(e.__traceback__)
-    names = {frame.name for frame in frames}
-    running = names & {"fit", "validate", "test", "predict", "export"}  # the Trainer method of the subcommand
-    configuring = not running and bool(names & {"parse_arguments", "instantiate_classes"})
-    return configuring or bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
+    return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
 
 
 def check_accelerator(name: object) -> None:

@@ -16,7 +16,7 @@ from gpt_lit.errors import GptLitError
 PROG = "python -m gpt_lit"
 # ckpt_path values Lightning resolves itself rather than reading a file
 LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}
-# The subcommands that read a checkpoint and can take its run's settings (with_run_config)
+# The subcommands that read a checkpoint and can take its run's settings (run_config)
 READING_SUBCOMMANDS = ("validate", "test", "predict", "export")
 DEFAULT_LOGS = "lightning_logs"  # where LightningCLI's default logger, and every shipped config, keeps its runs
 
@@ -211,17 +211,6 @@ def one_folder_per_run(trainer: Namespace) -> list[Namespace]:
     return [init for inits in shared.values() for init in inits]
 
 
-def option_value(args: list[str], option: str) -> str | None:
-    """The value of ``--option X`` or ``--option=X`` in ``args`` (the last one given), or None."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == option and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(option + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def newest_config_runs(base: Path, which: str) -> Path:
     """The one folder under ``base`` (lightning_logs) that holds ``version_N`` runs: ``base/<name>`` of a config
     with a logger name, or ``base`` itself. None, or several names, is a GptLitError: which runs is ambiguous."""
@@ -239,34 +228,26 @@ def newest_config_runs(base: Path, which: str) -> Path:
     return folders[0]
 
 
-def with_run_config(args: list[str]) -> list[str]:
-    """``args`` of validate/test/predict/export with a ``--ckpt_path`` and no ``--config``: with the checkpoint's
-    run's own ``config.yaml`` as the config (first, so that the other options still override it).
+def run_config(subcommand: str | None, config: Namespace) -> tuple[str, str] | None:
+    """For validate/test/predict/export given a ``--ckpt_path`` and no ``--config`` (``config``: the options given):
+    the checkpoint's run's own ``config.yaml``, and the checkpoint's path; None otherwise, or for a checkpoint
+    outside a run folder.
 
     ``last`` and ``best`` without a config are the newest run's, in lightning_logs/ (under
     ``--trainer.default_root_dir`` when given) where the default logger and every shipped config keep their
-    runs; when it holds the runs of several configs, ``--config`` must say whose (a GptLitError). A
-    checkpoint outside a run folder leaves ``args`` as they are."""
-    if not args or args[0] not in READING_SUBCOMMANDS:
-        return args
-    if any(a in ("--config", "-c") or a.startswith(("--config=", "-c=")) for a in args):
-        return args
-    ckpt = option_value(args, "--ckpt_path")
-    if not ckpt:
-        return args
+    runs; when it holds the runs of several configs, ``--config`` must say whose (a GptLitError)."""
+    ckpt = config.get("ckpt_path")
+    if subcommand not in READING_SUBCOMMANDS or config.get("config") or not ckpt:
+        return None
     if ckpt in ("last", "best"):
-        base = Path(option_value(args, "--trainer.default_root_dir") or ".") / DEFAULT_LOGS
-        trust = (option_value(args, "--trust_checkpoint") or "").lower() == "true"
-        path = latest_checkpoint(newest_config_runs(base, ckpt), ckpt, trust)
+        local_folders(config.trainer)  # a "~" or file:// default_root_dir as the folder it names
+        base = Path(config.trainer.get("default_root_dir") or ".") / DEFAULT_LOGS
+        path = latest_checkpoint(newest_config_runs(base, ckpt), ckpt, bool(config.get("trust_checkpoint")))
         run = run_of(path)
         if run is None or not (run / "config.yaml").is_file():
             raise GptLitError(f"--ckpt_path {ckpt}: the run of {path} has no config.yaml; add --config")
     else:
         path, run = ckpt, run_of(ckpt)
         if run is None or not (run / "config.yaml").is_file():
-            return args
-    rest = [
-        path if args[i - 1] == "--ckpt_path" else f"--ckpt_path={path}" if arg.startswith("--ckpt_path=") else arg
-        for i, arg in enumerate(args[1:], start=1)
-    ]
-    return [args[0], "--config", str(run / "config.yaml"), *rest]
+            return None
+    return str(run / "config.yaml"), path

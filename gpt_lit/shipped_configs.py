@@ -1,11 +1,18 @@
-"""The shipped configs by name: ``--config residual`` from any folder, after any install."""
+"""``-c``/``--config``: a config file's path, or a shipped config's name (``--config residual`` from any folder,
+after any install)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
+
+from jsonargparse import ActionConfigFile
 
 from gpt_lit.errors import GptLitError
+
+# The model's keys that come from the data (linked): (the data's key, the model's key).
+LINKS = (("data.context_length", "model.config.context_length"), ("data.tokenizer", "model.config.vocab_size"))
 
 
 def configs_dir() -> Path:
@@ -38,14 +45,18 @@ def find_config(value: str) -> str:
     )
 
 
-def with_shipped_configs(args: list[str]) -> list[str]:
-    """``args`` with every ``--config``/``-c`` value replaced by ``find_config``'s answer."""
-    out, args = [], list(args)
-    for i, arg in enumerate(args):
-        if i and args[i - 1] in ("--config", "-c"):
-            arg = find_config(arg)
-        elif arg.startswith(("--config=", "-c=")):
-            option, value = arg.split("=", 1)
-            arg = f"{option}={find_config(value)}"
-        out.append(arg)
-    return out
+class ConfigFile(ActionConfigFile):
+    """``-c``/``--config``: jsonargparse's config file action, which also takes a shipped config's name
+    (``find_config``; jsonargparse reads a path or YAML text), refuses a link's target set in the file (jsonargparse
+    refuses it on the command line but drops it from a file silently), and tells the parser which file it reads, so
+    that an error names it (jsonargparse's messages name the key, not the file)."""
+
+    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
+        path = find_config(values)
+        parser.reading = path if Path(path).is_file() else None  # not YAML text, nor a file that is not there
+        super().__call__(parser, cfg, path, option_string)
+        for source, target in LINKS:
+            if target in cfg:  # given, even as null
+                parser.error(f'Linked "{target}" must be given via "{source}".')
+        parser.reading = None
+        parser.read.append(path)

@@ -16,9 +16,8 @@ from gpt_lit.runs import (
     log_beside_run,
     newest_config_runs,
     next_run,
-    option_value,
+    run_config,
     run_of,
-    with_run_config,
 )
 
 
@@ -116,14 +115,6 @@ def test_a_resumed_runs_loggers_all_go_on_in_its_folder(tmp_path):
         assert other == before
 
 
-def test_an_options_value_is_the_last_one_given_either_way():
-    assert option_value(["fit", "--ckpt_path", "a", "--ckpt_path=b"], "--ckpt_path") == "b"
-    assert option_value(["--ckpt_path=b", "--ckpt_path", "a"], "--ckpt_path") == "a"
-    assert option_value(["--ckpt_path=x=y"], "--ckpt_path") == "x=y"
-    assert option_value(["--ckpt_path"], "--ckpt_path") is None  # no value after it
-    assert option_value(["--ckpt_paths=a", "--ckpt_pathx", "b"], "--ckpt_path") is None
-
-
 def test_the_runs_of_one_config_without_config_and_the_messages_when_ambiguous(tmp_path):
     base = tmp_path / "lightning_logs"
     with pytest.raises(GptLitError) as error:
@@ -150,30 +141,32 @@ def test_the_runs_of_one_config_without_config_and_the_messages_when_ambiguous(t
     )
 
 
+def given(ckpt_path: object = None, config: object = None, root: object = None, trust: bool = False) -> Namespace:
+    """The parsed options of a subcommand, as the parser hands them to ``run_config``."""
+    trainer = Namespace(default_root_dir=root)
+    return Namespace(ckpt_path=ckpt_path, config=config, trainer=trainer, trust_checkpoint=trust)
+
+
 def test_a_checkpoint_in_a_run_brings_the_runs_config(tmp_path, monkeypatch):
     ckpt = make_run(tmp_path / "lightning_logs" / "tiny" / "version_0")
     config = str(tmp_path / "lightning_logs" / "tiny" / "version_0" / "config.yaml")
-    assert with_run_config(["test", "--ckpt_path", str(ckpt), "--x", "1"]) == [
-        "test", "--config", config, "--ckpt_path", str(ckpt), "--x", "1"
-    ]
-    assert with_run_config(["export", f"--ckpt_path={ckpt}"]) == ["export", "--config", config, f"--ckpt_path={ckpt}"]
-    for args in (
-        [], ["fit", "--ckpt_path", str(ckpt)], ["test", "--config", "a.yaml", "--ckpt_path", str(ckpt)],
-        ["test", "-c", "a.yaml", "--ckpt_path", str(ckpt)], ["test", "--config=a.yaml", "--ckpt_path", str(ckpt)],
-        ["test", "-c=a.yaml", "--ckpt_path", str(ckpt)], ["predict"], ["test", "--ckpt_path", str(tmp_path / "x.ckpt")],
+    assert run_config("test", given(str(ckpt))) == (config, str(ckpt))
+    assert run_config("export", given(str(ckpt))) == (config, str(ckpt))
+    for subcommand, options in (
+        ("fit", given(str(ckpt))), ("test", given(str(ckpt), config=["a.yaml"])), ("predict", given()),
+        ("test", given(str(tmp_path / "x.ckpt"))), (None, given(str(ckpt))),
     ):  # fmt: skip
-        assert with_run_config(args) == args, args
+        assert run_config(subcommand, options) is None, (subcommand, options)
     newer = make_run(tmp_path / "lightning_logs" / "tiny" / "version_1")
     monkeypatch.chdir(tmp_path)
-    assert with_run_config(["validate", "--ckpt_path", "last"]) == [
-        "validate", "--config", str(Path("lightning_logs/tiny/version_1/config.yaml")), "--ckpt_path",
+    assert run_config("validate", given("last")) == (
+        str(Path("lightning_logs/tiny/version_1/config.yaml")),
         str(Path("lightning_logs/tiny/version_1/checkpoints/last.ckpt")),
-    ]  # fmt: skip
-    elsewhere = ["predict", "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", "last"]
-    assert with_run_config(elsewhere)[:3] == ["predict", "--config", str(newer.parent.parent / "config.yaml")]
+    )
+    assert run_config("predict", given("last", root=str(tmp_path)))[0] == str(newer.parent.parent / "config.yaml")
     (newer.parent.parent / "config.yaml").unlink()
     with pytest.raises(GptLitError) as error:
-        with_run_config(["test", "--ckpt_path", "last"])
+        run_config("test", given("last"))
     last = Path("lightning_logs/tiny/version_1/checkpoints/last.ckpt")
     assert str(error.value) == f"--ckpt_path last: the run of {last} has no config.yaml; add --config"
 
@@ -263,16 +256,14 @@ def test_best_and_a_trusted_checkpoint_without_config(tmp_path, monkeypatch):
     with pytest.raises(GptLitError):
         best_of(run / "checkpoints" / "last.ckpt", run, False)  # not data: refused without trust
     monkeypatch.chdir(tmp_path)
-    for trust in ("true", "True"):
-        args = ["test", "--ckpt_path=best", "--trust_checkpoint", trust]
-        assert with_run_config(args) == ["test", "--config", "lightning_logs/version_0/config.yaml",
-                                         "--ckpt_path=lightning_logs/version_0/checkpoints/best-epoch01.ckpt",
-                                         "--trust_checkpoint", trust]  # fmt: skip
+    assert run_config("test", given("best", trust=True)) == (
+        "lightning_logs/version_0/config.yaml",
+        "lightning_logs/version_0/checkpoints/best-epoch01.ckpt",
+    )
     with pytest.raises(GptLitError):
-        with_run_config(["test", "--ckpt_path", "best", "--trust_checkpoint", "false"])
+        run_config("test", given("best"))
     with pytest.raises(GptLitError, match=r"^--ckpt_path last: no run in "):
-        with_run_config(["test", "--ckpt_path", "last", "--trust_checkpoint", "true", "--trainer.default_root_dir",
-                         str(tmp_path / "empty")])  # fmt: skip
+        run_config("test", given("last", root=str(tmp_path / "empty"), trust=True))
     torch.save({"state_dict": {}}, run / "checkpoints" / "last.ckpt")  # no callbacks saved at all
     with pytest.raises(GptLitError, match="keeps no best checkpoint"):
         best_of(run / "checkpoints" / "last.ckpt", run, False)

@@ -4,6 +4,7 @@ import re
 import warnings
 
 import pytest
+import yaml
 from test_cli import run_main
 
 
@@ -46,3 +47,28 @@ def test_a_config_that_disagrees_still_says_so(tiny_run, capsys, monkeypatch):
     code, _, err = run_main(capsys, "test", "--config", "residual", "--ckpt_path", "last")
     assert code == 2 and err.count("\n") == 1
     assert "is of a different architecture than the config: model.config.emb_dim is 32 in the checkpoint" in err
+
+
+def test_the_runs_config_is_under_every_option_given_before_or_after_ckpt_path(tiny_run, capsys, monkeypatch):
+    """As a --config given first: the run's config.yaml, then each option over it, wherever it stands; --print_config
+    shows the result, with the checkpoint `last` found."""
+    monkeypatch.chdir(tiny_run.root)
+    args = ["--data.eval_batch_size", "3", "--ckpt_path", "last", "--model.lr", "0.5", "--print_config"]
+    code, out, err = run_main(capsys, "test", *args)
+    assert code == 0, err[-3000:]
+    config = yaml.safe_load(out)
+    assert config["model"]["config"]["emb_dim"] == 32  # the run's (its residual.yaml says 256)
+    assert (config["data"]["eval_batch_size"], config["model"]["lr"]) == (3, 0.5)
+    assert config["ckpt_path"] == str(tiny_run.version.relative_to(tiny_run.root) / "checkpoints" / "last.ckpt")
+
+
+def test_ckpt_path_last_without_config_looks_under_a_home_default_root_dir(tiny_run, capsys, monkeypatch, tmp_path):
+    """`--trainer.default_root_dir '~/'` (quoted: the shell leaves it) is the home folder, as for the run's files."""
+    monkeypatch.setenv("HOME", str(tiny_run.root))
+    monkeypatch.chdir(tmp_path)
+    args = ["--trainer.default_root_dir", "~/", "--ckpt_path", "last", "--print_config"]
+    code, out, err = run_main(capsys, "test", *args)
+    assert code == 0, err[-3000:]
+    config = yaml.safe_load(out)
+    assert config["model"]["config"]["emb_dim"] == 32  # the run's own config
+    assert config["ckpt_path"] == str(tiny_run.version / "checkpoints" / "last.ckpt")
