@@ -264,8 +264,8 @@ class GPTLitCLI(LightningCLI):
         assert plan is not None and plan.subcommand is not None
         if plan.contents is not None and plan.ckpt_path:
             check_architecture(plan.ckpt_path, plan.contents, self.model)
-            if plan.subcommand == "fit":  # a mid-epoch resume that would reorder the epoch: before anything is written
-                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path)
+            if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch: before anything is written
+                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path, self.trainer.world_size)
         self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:

@@ -1,12 +1,13 @@
-"""A run stopped mid-epoch and resumed with another batch size, number of processes or accumulate_grad_batches
-trains on the windows the uninterrupted run trains on, in the same order; a change that reorders the epoch is
-refused with one line.
+"""A run stopped mid-epoch and resumed trains on the windows the uninterrupted run trains on, in the same order, also
+with another accumulate_grad_batches or a DataLoader worker; a change of the epoch's batches (the batch size, the
+order, the number of processes) is refused with one line; a resume from an epoch's end may change them.
 
 A short book (the first 6,100 characters of the story: 44 training windows of 32 tokens, so that a step of 4 and
 one of 8 windows both end the epoch at window 44) and the tiny model. ONE uninterrupted run (2 epochs, batch size
 4, one process) keeps a checkpoint after step 3, saved mid-epoch as a step-interval ModelCheckpoint saves it; every
-case resumes from it. A callback records, per process, which windows each training batch held. The resume on two
-processes is one of tests/test_ddp.py's steps (its pair of processes runs it, from an uninterrupted run of its own).
+case resumes from it. A callback records, per process, which windows each training batch held. Its resume on two
+processes, refused, is one of tests/test_ddp.py's steps (its pair of processes runs it, from an uninterrupted run of
+its own), as is a resume on two processes of a run stopped on two.
 """
 
 import json
@@ -121,41 +122,42 @@ def test_a_resume_trains_on_the_same_windows(uninterrupted, tmp_path, changes):
     assert resumed["validated"] == list(range(epochs))
 
 
-def test_a_resume_with_twice_the_batch_size_continues_from_the_same_window(uninterrupted, tmp_path):
-    resumed = resume(uninterrupted, tmp_path, "--data.batch_size", "8")
-    before = epoch_windows(uninterrupted.batches[:3], 0)  # 12 windows, in 3 steps of 4
-    assert before + epoch_windows(resumed["batches"], 0) == epoch_windows(uninterrupted.batches, 0)  # all 44
-    assert all(len(rows) == 8 for _, _, rows in resumed["batches"])
-    # Lightning counts the epoch in batches of 8: 5 of them (44 // 8) have 32 windows left, so it starts at batch 1
-    # and ends, and validates, at batch 4; epoch 1 has 5 batches of 8 (its last 4 windows make no full batch).
-    assert [(e, i) for e, i, _ in resumed["batches"]] == [(0, i) for i in range(1, 5)] + [(1, i) for i in range(5)]
-    assert resumed["validated"] == [0, 1]
-    assert epoch_windows(resumed["batches"], 1) == epoch_order(WINDOWS, 123, 1)[:40]
-
-
-def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterrupted, tmp_path, capfd):
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [(["--data.seed", "7"], "data.seed 123 (now 7)"), (["--data.batch_size", "8"], "data.batch_size 4 (now 8)")],
+)
+def test_a_resume_that_would_change_the_epochs_batches_is_refused_with_one_line(
+    uninterrupted, tmp_path, capfd, change, named
+):
     config = uninterrupted.step3.parents[1] / "logs" / "config.yaml"  # the run's, as it ran
     before = config.read_text()
     with pytest.raises(SystemExit) as stopped:
-        resume(uninterrupted, tmp_path, "--data.seed", "7")
+        resume(uninterrupted, tmp_path, *change)
     err = capfd.readouterr().err
     assert stopped.value.code == 2 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert line.startswith(f"error: {uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training")
-    assert "data.seed 123 (now 7)" in line
+    assert line == (
+        f"error: {uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training windows) with "
+        f"{named}: the rest of that epoch is not this run's batches. Resume with the checkpoint's settings until the "
+        f"epoch ends, then change them, or resume from a checkpoint saved at the end of an epoch"
+    )
     assert not (tmp_path / "windows.0.json").exists()  # nothing trained
     assert config.read_text() == before  # nor the run's config.yaml written over
 
 
-@pytest.mark.parametrize("workers", ["0", "1"])
-def test_a_resume_from_an_epochs_end_trains_the_next_epoch_in_its_order(uninterrupted, tmp_path, workers):
-    # The run's last.ckpt, saved at the end of its epoch 1; resumed for one more epoch, with or without worker
-    # processes (which draw the sampler's indices as soon as the loader's iterator is made).
+@pytest.mark.parametrize(
+    ("change", "batch"), [([], 4), (["--data.num_workers", "1"], 4), (["--data.batch_size", "8"], 8)],
+    ids=["same settings", "a worker", "twice the batch size"],
+)  # fmt: skip
+def test_a_resume_from_an_epochs_end_trains_the_next_epoch_in_its_order(uninterrupted, tmp_path, change, batch):
+    # The run's last.ckpt, saved at the end of its epoch 1; resumed for one more epoch, with a worker process (which
+    # draws the sampler's indices as soon as the loader's iterator is made) or in batches of another size.
     last = uninterrupted.step3.parent / "last.ckpt"  # beside the run's other checkpoints
-    resumed = main(["fit", *uninterrupted.args, "--data.num_workers", workers, "--trainer.max_epochs", "3",
-                    "--ckpt_path", str(last)], extra_callbacks=[RecordWindows(tmp_path)])  # fmt: skip
+    resumed = main(["fit", *uninterrupted.args, *change, "--trainer.max_epochs", "3", "--ckpt_path", str(last)],
+                   extra_callbacks=[RecordWindows(tmp_path)])  # fmt: skip
     record = json.loads((tmp_path / "windows.0.json").read_text())
-    assert [(e, i) for e, i, _ in record["batches"]] == [(2, i) for i in range(11)]
-    assert epoch_windows(record["batches"], 2) == epoch_order(WINDOWS, 123, 2)
+    steps = WINDOWS // batch  # the last, partial batch is dropped
+    assert [(e, i) for e, i, _ in record["batches"]] == [(2, i) for i in range(steps)]
+    assert epoch_windows(record["batches"], 2) == epoch_order(WINDOWS, 123, 2)[: steps * batch]
     assert record["validated"] == [2]
-    assert resumed.trainer.global_step == 33  # where one uninterrupted run of 3 epochs of 11 steps ends
+    assert resumed.trainer.global_step == 22 + steps  # after the run's 2 epochs of 11 steps
