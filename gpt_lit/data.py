@@ -58,7 +58,8 @@ class TimeMachineData(L.LightningDataModule):
                 makes windows that overlap; longer leaves text out (said in one line, with how much).
             train_fraction: Fraction of the book's characters, from the start, used for training; the
                 rest is the validation (and test) set.
-            batch_size: Training windows per step, on each process.
+            batch_size: Training windows per step, on each process (a run resumed mid-epoch keeps the
+                checkpoint's until that epoch ends, as it keeps the number of processes and the order).
             eval_batch_size: Windows per batch when evaluating the whole training and validation sets.
             eval_train: Also evaluate the whole training set (without dropout) after every epoch, as the
                 chapter's figure does; logged as loss/train.

@@ -49,6 +49,17 @@ class RecordWindows(Callback):
         (self.folder / f"windows.{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
+class SaveBeforeStep(Callback):
+    """Saves ``path`` as training step ``step`` starts (the batch fetched, not trained on)."""
+
+    def __init__(self, path: Path, step: int):
+        self.path, self.step = path, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     """The chapter's shuffle, computed here: the permutation of n windows a generator seeded with seed + epoch draws."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
@@ -75,16 +86,18 @@ class Uninterrupted:
     args: list[str]  # the run's options (without a --ckpt_path)
     batches: list  # [epoch, batch_idx, windows] of every training batch
     step3: Path  # the checkpoint saved after step 3 of epoch 0
+    before4: Path  # the one saved as step 4 starts: the same state, its batch fetched
 
 
 def uninterrupted_run(root: Path) -> Uninterrupted:
     """The uninterrupted run, in this process, in ``root``; tests/test_ddp.py resumes it on two processes."""
     args = run_args(short_book(root / "book"), root / "logs")
     steps = ModelCheckpoint(dirpath=root / "steps", every_n_train_steps=3, save_top_k=-1, filename="{step}")
-    fit = main(["fit", *args], extra_callbacks=[RecordWindows(root), steps])
+    before4 = SaveBeforeStep(root / "before4.ckpt", 3)
+    fit = main(["fit", *args], extra_callbacks=[RecordWindows(root), steps, before4])
     assert len(fit.datamodule.train_set) == WINDOWS
     batches = json.loads((root / "windows.0.json").read_text())["batches"]
-    return Uninterrupted(args, batches, root / "steps" / "step=3.ckpt")
+    return Uninterrupted(args, batches, root / "steps" / "step=3.ckpt", before4.path)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +105,9 @@ def uninterrupted(tmp_path_factory) -> Uninterrupted:
     return uninterrupted_run(tmp_path_factory.mktemp("resume_windows"))
 
 
-def resume(uninterrupted: Uninterrupted, folder: Path, *changes: str) -> dict:
-    """Resume from the step-3 checkpoint with ``changes``, in this process; what it trained on."""
-    main(["fit", *uninterrupted.args, *changes, "--ckpt_path", str(uninterrupted.step3)],
+def resume(uninterrupted: Uninterrupted, folder: Path, *changes: str, ckpt: Path | None = None) -> dict:
+    """Resume from the step-3 checkpoint (or ``ckpt``) with ``changes``, in this process; what it trained on."""
+    main(["fit", *uninterrupted.args, *changes, "--ckpt_path", str(ckpt or uninterrupted.step3)],
          extra_callbacks=[RecordWindows(folder)])  # fmt: skip
     return json.loads((folder / "windows.0.json").read_text())
 
@@ -126,6 +139,14 @@ def test_a_resume_trains_on_the_same_windows(uninterrupted, tmp_path, changes):
     ("change", "named"),
     [(["--data.seed", "7"], "data.seed 123 (now 7)"), (["--data.batch_size", "8"], "data.batch_size 4 (now 8)")],
 )
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_resume_from_a_checkpoint_saved_as_a_step_starts_trains_that_step(uninterrupted, tmp_path, workers):
+    resumed = resume(uninterrupted, tmp_path, "--data.num_workers", workers, "--trainer.max_epochs", "1",
+                     ckpt=uninterrupted.before4)  # fmt: skip
+    assert uninterrupted.batches[:3] + resumed["batches"] == [b for b in uninterrupted.batches if b[0] == 0]
+    assert resumed["validated"] == [0]
+
+
 def test_a_resume_that_would_change_the_epochs_batches_is_refused_with_one_line(
     uninterrupted, tmp_path, capfd, change, named
 ):
