@@ -128,9 +128,8 @@ class CheckpointContents:
     data_state: dict[str, Any]  # the training loader's state (epoch_order.TrainLoader), {} when it has none
 
 
-def contents_of(ckpt: dict[str, Any], data_key: str) -> CheckpointContents:
-    """The ``CheckpointContents`` of a checkpoint read with ``read_checkpoint``; ``data_key``: the data module's
-    class name, under which Lightning saves its state."""
+def contents_of(ckpt: dict[str, Any]) -> CheckpointContents:
+    """The ``CheckpointContents`` of a checkpoint read with ``read_checkpoint``."""
     fit_loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
     loader_states = fit_loop.get("state_dict", {}).get("combined_loader") or [{}]  # Lightning's fit loop saves them
     return CheckpointContents(

@@ -193,7 +193,7 @@ class GPTLitCLI(LightningCLI):
         if config is not None:
             check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
             local_folders(config.trainer)  # before the plan looks for a run in them
-        self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
+        self.plan = make_plan(subcommand, config, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml
             # LightningCLI loads a ckpt_path's hyperparameters over the parsed config between
