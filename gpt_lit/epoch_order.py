@@ -56,6 +56,8 @@ class TrainLoader(DataLoader):
         self.progress, self.settings = progress, settings or {}
 
     def state_dict(self) -> dict:
+        if not isinstance(self.sampler, GlobalOrderSampler):  # trainer.overfit_batches puts Lightning's own in
+            return {}
         # ``processed``: the batches whose step has run (a checkpoint saved in on_train_batch_end is saved before
         # Lightning counts its batch as completed, one saved in on_train_batch_start after it counts the next ready).
         steps, done = (self.progress.current.processed, self.progress.is_last_batch) if self.progress else (0, False)
@@ -63,6 +65,8 @@ class TrainLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         check_same_batches(state, self.settings, "the checkpoint")
+        if not state or not isinstance(self.sampler, GlobalOrderSampler):
+            return
         epoch = state["epoch"] + state["epoch_done"]  # its iterator is made now: with workers, they draw at once
         self.sampler.set_epoch(epoch)
         self.sampler.skip = (epoch, 0 if state["epoch_done"] else state["steps"])
