@@ -135,10 +135,6 @@ def test_a_resume_trains_on_the_same_windows(uninterrupted, tmp_path, changes):
     assert resumed["validated"] == list(range(epochs))
 
 
-@pytest.mark.parametrize(
-    ("change", "named"),
-    [(["--data.seed", "7"], "data.seed 123 (now 7)"), (["--data.batch_size", "8"], "data.batch_size 4 (now 8)")],
-)
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_a_resume_from_a_checkpoint_saved_as_a_step_starts_trains_that_step(uninterrupted, tmp_path, workers):
     resumed = resume(uninterrupted, tmp_path, "--data.num_workers", workers, "--trainer.max_epochs", "1",
@@ -147,6 +143,10 @@ def test_a_resume_from_a_checkpoint_saved_as_a_step_starts_trains_that_step(unin
     assert resumed["validated"] == [0]
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [(["--data.seed", "7"], "data.seed 123 (now 7)"), (["--data.batch_size", "8"], "data.batch_size 4 (now 8)")],
+)
 def test_a_resume_that_would_change_the_epochs_batches_is_refused_with_one_line(
     uninterrupted, tmp_path, capfd, change, named
 ):
