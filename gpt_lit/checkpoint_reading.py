@@ -125,16 +125,17 @@ class CheckpointContents:
 
     config: dict[str, Any]  # the GPTConfig fields in its hyperparameters ({} when it has none)
     shapes: dict[str, tuple[int, ...]]  # each state_dict tensor's shape
-    data_state: dict[str, Any]  # the data module's state (TimeMachineData.state_dict), {} when it has none
+    data_state: dict[str, Any]  # the training loader's state (epoch_order.TrainLoader), {} when it has none
 
 
-def contents_of(ckpt: dict[str, Any], data_key: str) -> CheckpointContents:
-    """The ``CheckpointContents`` of a checkpoint read with ``read_checkpoint``; ``data_key``: the data module's
-    class name, under which Lightning saves its state."""
+def contents_of(ckpt: dict[str, Any]) -> CheckpointContents:
+    """The ``CheckpointContents`` of a checkpoint read with ``read_checkpoint``."""
+    fit_loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
+    loader_states = fit_loop.get("state_dict", {}).get("combined_loader") or [{}]  # Lightning's fit loop saves them
     return CheckpointContents(
         config=_config_fields((ckpt.get("hyper_parameters") or {}).get("config")),
         shapes={k: tuple(getattr(v, "shape", ())) for k, v in ckpt["state_dict"].items()},
-        data_state=copy.deepcopy(ckpt.get(data_key) or {}),  # a copy: no view into the file
+        data_state=copy.deepcopy(loader_states[0]),  # a copy: no view into the file
     )
 
 

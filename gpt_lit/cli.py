@@ -166,7 +166,7 @@ class GPTLitCLI(LightningCLI):
         if config is not None:
             check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
             local_folders(config.trainer)  # before the plan looks for a run in them
-        self.plan = make_plan(subcommand, config, self.datamodule_class.__qualname__, self.command_line)
+        self.plan = make_plan(subcommand, config, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml
             # LightningCLI loads a ckpt_path's hyperparameters over the parsed config between
@@ -241,8 +241,8 @@ class GPTLitCLI(LightningCLI):
         assert plan is not None and plan.subcommand is not None
         if plan.contents is not None and plan.ckpt_path:
             check_architecture(plan.ckpt_path, plan.contents, self.model)
-            if plan.subcommand == "fit":  # a mid-epoch resume that would reorder the epoch: before anything is written
-                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path)
+            if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch: before anything is written
+                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path, self.trainer.world_size)
         self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:

@@ -1,5 +1,5 @@
 """The Time Machine as a LightningDataModule: the book split into training and validation windows, their loaders
-(each epoch's seeded global order, a resumed epoch's position) and the prompts ``predict`` continues.
+(each epoch's seeded global order, which a run resumed mid-epoch goes on with) and the prompts ``predict`` continues.
 
 The book itself comes from ``gpt_lit.book_source``, the windows from ``gpt_lit.windows``, their order from
 ``gpt_lit.epoch_order``, the prompts from ``gpt_lit.prompts``.
@@ -8,7 +8,6 @@ The book itself comes from ``gpt_lit.book_source``, the windows from ``gpt_lit.w
 from __future__ import annotations
 
 import multiprocessing
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -17,7 +16,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from gpt_lit.book_source import BOOK_FILE, default_data_dir, ensure_book, load_book
-from gpt_lit.epoch_order import GlobalOrderSampler, check_same_order, order_settings, steps_left
+from gpt_lit.epoch_order import GlobalOrderSampler, TrainLoader, batch_settings, check_same_batches
 from gpt_lit.errors import GptLitError, say
 from gpt_lit.prompts import Prompts, read_prompts
 from gpt_lit.tokenizer import encode, get_tokenizer
@@ -59,7 +58,8 @@ class TimeMachineData(L.LightningDataModule):
                 makes windows that overlap; longer leaves text out (said in one line, with how much).
             train_fraction: Fraction of the book's characters, from the start, used for training; the
                 rest is the validation (and test) set.
-            batch_size: Training windows per step, on each process.
+            batch_size: Training windows per step, on each process (a run resumed mid-epoch keeps the
+                checkpoint's until that epoch ends, as it keeps the number of processes and the order).
             eval_batch_size: Windows per batch when evaluating the whole training and validation sets.
             eval_train: Also evaluate the whole training set (without dropout) after every epoch, as the
                 chapter's figure does; logged as loss/train.
@@ -98,9 +98,6 @@ class TimeMachineData(L.LightningDataModule):
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
         self.predict_set: Prompts | None = None
-        self.saved_position: dict | None = None  # a checkpoint's state_dict(), until train_dataloader() uses it
-        # (epoch, windows of its global order done, batches Lightning counts as done) where a resumed epoch started
-        self.resume_at: tuple[int, int, int] | None = None
 
     def prepare_data(self) -> None:
         if self.trainer is None or self.trainer.state.fn != "predict":
@@ -171,75 +168,19 @@ class TimeMachineData(L.LightningDataModule):
             f"data.batch_size={self.batch_size} (a batch size per process): {fix}"
         )
 
-    def _loader(self, ds: Dataset, batch_size: int, **kw) -> DataLoader:
+    def _loader(self, ds: Dataset, batch_size: int, kind: type[DataLoader] = DataLoader, **kw) -> DataLoader:
         # Its own generator, so making an iterator (it draws a seed for the workers) leaves the global one,
         # which dropout uses, alone: a run resumed at an epoch boundary then draws the same dropout masks.
         generator = torch.Generator().manual_seed(self.seed)
         if self.num_workers > 0:  # DataLoader refuses a start method without workers
             kw["multiprocessing_context"] = self.multiprocessing_context
-        return DataLoader(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
+        return kind(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
-    def state_dict(self) -> dict:
-        """Saved in every checkpoint: how far training got into the current epoch, in windows of its global order.
-
-        Counted from the batches whose step has run (``processed``), not Lightning's ``completed``: a checkpoint
-        taken in ``on_train_batch_end`` (``ModelCheckpoint(every_n_train_steps=...)``, ``train_time_interval``) is
-        saved after the step but before Lightning counts the batch as completed. Anywhere else the two agree.
-        With it, what fixes the order (the seed, the windows), so that a resume that would change it is refused.
-        """
-        if self.trainer is None or self.trainer.state.fn != "fit" or self.train_set is None:
-            return {}
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress
-        epoch, done = self.trainer.current_epoch, progress.current.processed
-        per_step = self._processes()[0] * self.batch_size
-        if self.resume_at is not None and self.resume_at[0] == epoch:  # an epoch started part-way
-            windows_done = self.resume_at[1] + (done - self.resume_at[2]) * per_step
-        else:
-            windows_done = done * per_step
-        return {
-            "epoch": epoch, "windows_done": windows_done, "epoch_done": bool(progress.is_last_batch),
-            **order_settings(self),
-        }  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        if not state or (self.trainer is not None and self.trainer.state.fn != "fit"):
-            return  # validate, test and predict train on nothing
-        self.check_resume(state, str(self.trainer.ckpt_path) if self.trainer else "the checkpoint")
-        self.saved_position = state
-        # The training sampler leaves out what that epoch already trained on, so Lightning's
-        # "your dataloader is not resumable" warning for mid-epoch checkpoints does not apply.
-        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
-
-    def check_resume(self, state: dict, source: str) -> None:
-        """Raise a GptLitError if ``state`` (a checkpoint's ``state_dict()``) was saved mid-epoch with another order
-        of windows than this data's: the seed and window settings, and once set up, the windows themselves."""
-        if state and not state["epoch_done"]:
-            check_same_order(state, order_settings(self), source)
-
-    def resume_position(self, world: int) -> tuple[int, int, int] | None:
-        """Where the epoch a checkpoint was saved in goes on: (epoch, windows done, batches done at this batch size).
-
-        Lightning restores the epoch's batch counters as they were when the checkpoint was saved, in batches of the
-        batch size and number of processes of then. With others now, the epoch has another number of batches
-        (``len(train_dataloader())``); the counters are moved to the batches of that number that the windows left
-        make up, so that the epoch ends, and validation runs, where its last full batch ends.
-        """
-        state, self.saved_position = self.saved_position, None
-        if state is None or self.trainer is None:
-            return self.resume_at
-        per_step, windows = world * self.batch_size, len(self.train_set)
-        done = state["windows_done"]
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress
-        if progress.is_last_batch:  # the epoch had ended (also where limit_train_batches ends it): counted as saved
-            batches_done = progress.current.processed
-        else:
-            batches_done = windows // per_step - steps_left(windows, done, per_step)
-        # Lightning's batch progress has no public setter; its public counters are moved.
-        shift = batches_done - progress.current.processed
-        for counter in (progress.current, progress.total):
-            for name in ("ready", "started", "processed", "completed"):
-                setattr(counter, name, getattr(counter, name) + shift)
-        return (state["epoch"], done, batches_done)
+    def check_resume(self, state: dict, source: str, world: int) -> None:
+        """Raise a GptLitError if ``state``, the training loader's in a checkpoint, is of an epoch under way whose
+        batches this data on ``world`` processes would change (``check_same_batches``): before anything is written."""
+        self.check_inputs("fit")  # the windows, to compare them too
+        check_same_batches(state, batch_settings(self, world), source)
 
     def _processes(self) -> tuple[int, int]:
         """(number of processes, this one's rank): (1, 0) outside a Trainer."""
@@ -247,19 +188,16 @@ class TimeMachineData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         # Each epoch's global order is fixed by seed + epoch alone, whatever the batch size and the number of
-        # processes: a resumed run continues with the same order, and a run resumed mid-epoch starts at the
-        # first window that epoch had not trained on (GlobalOrderSampler).
+        # processes; the loader's state (TrainLoader) is where in its epoch a checkpoint was saved.
         world, rank = self._processes()
-        saved = self.saved_position
-        self.resume_at = self.resume_position(world)
-        start = self.resume_at[:2] if self.resume_at else None
-        sampler = GlobalOrderSampler(self.train_set, world, rank, self.seed, self.batch_size, start=start)
-        # The epoch the loader starts in, now: with data.num_workers > 0 the workers draw the sampler's
-        # indices as soon as Lightning makes the iterator, which for a resumed run is before its set_epoch.
-        # A checkpoint saved after its epoch's last batch resumes with the next epoch.
-        epoch = saved["epoch"] + saved["epoch_done"] if saved else self.trainer.current_epoch if self.trainer else 0
-        sampler.set_epoch(epoch)
-        return self._loader(self.train_set, self.batch_size, sampler=sampler, drop_last=True)
+        sampler = GlobalOrderSampler(self.train_set, world, rank, self.seed, self.batch_size)
+        # The epoch Lightning sets at the epoch's start, set now: with data.num_workers > 0 the workers draw the
+        # sampler's indices as soon as Lightning makes the iterator, which for a resumed run is before that.
+        fit_loop = self.trainer.fit_loop if self.trainer else None
+        sampler.set_epoch(fit_loop.epoch_progress.current.processed if fit_loop else 0)
+        progress = fit_loop.epoch_loop.batch_progress if fit_loop else None
+        return self._loader(self.train_set, self.batch_size, TrainLoader, sampler=sampler, drop_last=True,
+                            progress=progress, settings=batch_settings(self, world))  # fmt: skip
 
     def _eval_loader(self, ds: Dataset, batch_size: int) -> DataLoader:
         # Every window exactly once across processes, in order: process r of n takes windows r, r+n, r+2n, ...

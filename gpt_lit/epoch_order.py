@@ -1,15 +1,15 @@
-"""The order each epoch takes the training windows in, kept as a position a resumed run continues from.
+"""The order each epoch takes the training windows in, and the training loader that Lightning resumes mid-epoch.
 
 Each epoch has one global order of the training windows, a permutation fixed by ``seed + epoch`` alone. A training
 step takes the next ``processes * batch_size`` windows of it: process r gets the positions r, r + n, r + 2n, ... of
-that slice (n processes). So "how far the epoch got" is a number of windows of the global order, whatever the batch
-size or the number of processes, and a run resumed mid-epoch with other values of either continues from that window.
+that slice (n processes). A checkpoint keeps the loader's state, how many steps of its epoch had run; a run resumed
+from it mid-epoch goes on with the next step's windows, in the batches and the order it was saved with.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gpt_lit.errors import GptLitError
 
@@ -21,67 +21,87 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=generator).tolist()
 
 
-def steps_left(windows: int, done: int, per_step: int) -> int:
-    """Full steps of ``per_step`` windows (processes x batch size) left after ``done`` of an epoch's ``windows``."""
-    return max(windows - done, 0) // per_step
-
-
 class GlobalOrderSampler(DistributedSampler):
-    """This process's share of each epoch's global order, ``batch_size`` windows a step; it can start an epoch part-way.
+    """This process's share of each epoch's global order, ``batch_size`` windows a step.
 
-    ``start=(epoch, w)``: in that epoch, begin at window ``w`` of the global order (the windows a checkpoint saved
-    mid-epoch had already trained on are left out). Every epoch has ``windows // (processes * batch_size)`` steps
-    (a last, partial step is dropped, as ``drop_last``): ``len()`` is that many batches, also in a started epoch,
-    whose first ``len() - steps left`` batches Lightning counts as done (``TimeMachineData.train_dataloader``).
-    A DistributedSampler, so that Lightning uses it as it is under several processes.
+    Every epoch has ``windows // (processes * batch_size)`` steps (a last, partial step is dropped, as
+    ``drop_last``), and ``len()`` is that many batches. ``skip = (epoch, steps)``: that epoch starts after its first
+    ``steps`` steps (those a checkpoint saved mid-epoch had trained on), which Lightning, restoring its batch
+    counters, counts as done. A DistributedSampler, so that Lightning uses it as it is under several processes.
     """
 
-    def __init__(
-        self, dataset: Dataset, num_replicas: int, rank: int, seed: int, batch_size: int,
-        start: tuple[int, int] | None = None,
-    ):  # fmt: skip
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, batch_size: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
-        self.batch_size, self.start = batch_size, start
-        self.per_step = num_replicas * batch_size
+        self.batch_size, self.per_step = batch_size, num_replicas * batch_size
         self.steps = len(dataset) // self.per_step
-
-    def first_window(self) -> int:
-        """The position in this epoch's global order where this epoch's training starts."""
-        return self.start[1] if self.start is not None and self.start[0] == self.epoch else 0
+        self.skip = (0, 0)
 
     def __iter__(self):
-        begin = self.first_window()
-        end = begin + steps_left(len(self.dataset), begin, self.per_step) * self.per_step
+        begin = self.skip[1] * self.per_step if self.skip[0] == self.epoch else 0
         order = epoch_order(len(self.dataset), self.seed, self.epoch)
-        return iter([order[p] for p in range(begin + self.rank, end, self.num_replicas)])
+        return iter([order[p] for p in range(begin + self.rank, self.steps * self.per_step, self.num_replicas)])
 
     def __len__(self) -> int:
         return self.steps * self.batch_size
 
 
-ORDER_SETTINGS = ("seed", "context_length", "stride", "train_fraction")
+class TrainLoader(DataLoader):
+    """The training DataLoader with a state (torch's DataLoader has none), which Lightning's fit loop saves in each
+    checkpoint and, resuming mid-epoch, loads before it draws a batch: how many steps of the sampler's epoch had run
+    (Lightning's count, read from ``progress``, its batch progress) and ``settings``, what fixes the epoch's batches.
+    """
+
+    def __init__(self, *args, progress=None, settings: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.progress, self.settings = progress, settings or {}
+
+    def state_dict(self) -> dict:
+        if not isinstance(self.sampler, GlobalOrderSampler):  # trainer.overfit_batches puts Lightning's own in
+            return {}
+        # ``processed``: the batches whose step has run (a checkpoint saved in on_train_batch_end is saved before
+        # Lightning counts its batch as completed, one saved in on_train_batch_start after it counts the next ready).
+        steps, done = (self.progress.current.processed, self.progress.is_last_batch) if self.progress else (0, False)
+        return {"epoch": self.sampler.epoch, "steps": steps, "epoch_done": done, **self.settings}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_same_batches(state, self.settings, "the checkpoint")
+        if not state or not isinstance(self.sampler, GlobalOrderSampler):
+            return
+        epoch = state["epoch"] + state["epoch_done"]  # its iterator is made now: with workers, they draw at once
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip = (epoch, 0 if state["epoch_done"] else state["steps"])
 
 
-def order_settings(data) -> dict:
-    """What fixes the epochs' global orders (``data``: a TimeMachineData), as a checkpoint keeps it; the windows
-    themselves once ``data`` is set up."""
-    settings = {key: getattr(data, key) for key in ORDER_SETTINGS}
+# What fixes an epoch's batches, and its name in a message.
+SETTINGS = {"seed": "data.seed", "context_length": "data.context_length", "stride": "data.stride",
+            "train_fraction": "data.train_fraction", "batch_size": "data.batch_size",
+            "processes": "processes"}  # fmt: skip
+
+
+def batch_settings(data, processes: int) -> dict:
+    """What fixes an epoch's batches (``data``: a TimeMachineData on ``processes`` processes), as a checkpoint keeps
+    it; the windows themselves once ``data`` has them."""
+    settings = {key: getattr(data, key) for key in SETTINGS if key != "processes"}
+    settings["processes"] = processes
     if data.train_set is not None:
         settings.update(windows=len(data.train_set), windows_digest=data.train_set.fingerprint())
     return settings
 
 
-def check_same_order(saved: dict, now: dict, source: str) -> None:
-    """Raise a GptLitError if a checkpoint saved mid-epoch (``saved``: its state) had another order of windows
-    than ``now`` (``order_settings``; the windows are compared when it has them)."""
-    changed = [f"data.{key} {saved[key]} (now {now[key]})" for key in ORDER_SETTINGS if saved.get(key) != now[key]]
-    if not changed and "windows_digest" in now and saved.get("windows_digest") != now["windows_digest"]:
+def check_same_batches(saved: dict, now: dict, source: str) -> None:
+    """Raise a GptLitError if a training loader's state ``saved`` is of an epoch under way whose batches ``now``
+    (``batch_settings``) would change; the windows are compared when ``now`` has them."""
+    if not saved or saved["epoch_done"] or not saved["steps"]:
+        return
+    changed = [f"{name} {saved[key]} (now {now[key]})" for key, name in SETTINGS.items() if saved[key] != now[key]]
+    if not changed and "windows_digest" in now and saved["windows_digest"] != now["windows_digest"]:
         changed = ["another text (data.data_dir)"]
     if not changed:
         return
+    done = saved["steps"] * saved["batch_size"] * saved["processes"]
     raise GptLitError(
-        f"{source} was saved mid-epoch (epoch {saved['epoch']}, after {saved['windows_done']} of its "
-        f"{saved['windows']} training windows) with {', '.join(changed)}: the rest of that epoch's order of windows "
-        f"is not this run's. Resume with the checkpoint's data settings until the epoch ends, then change them, or "
-        f"resume from a checkpoint saved at the end of an epoch"
+        f"{source} was saved mid-epoch (epoch {saved['epoch']}, after {done} of its {saved['windows']} training "
+        f"windows) with {', '.join(changed)}: the rest of that epoch is not this run's batches. Resume with the "
+        f"checkpoint's settings until the epoch ends, then change them, or resume from a checkpoint saved at the end "
+        f"of an epoch"
     )

@@ -45,14 +45,12 @@ class RunPlan:
         return self.subcommand == "fit" and bool(self.ckpt_path)
 
 
-def make_plan(
-    subcommand: str | None, config: Namespace | None, data_key: str, command_line: tuple[str, ...] = ()
-) -> RunPlan:
+def make_plan(subcommand: str | None, config: Namespace | None, command_line: tuple[str, ...] = ()) -> RunPlan:
     """The plan of ``subcommand`` from its parsed configuration ``config`` (the CLI's ``config[subcommand]``).
 
     Lightning's ``--weights_only`` stays parseable (every run's config.yaml has ``weights_only: null``) but is not
     a second switch: ``false`` is a GptLitError. A missing, unreadable or refused checkpoint is a GptLitError now,
-    before anything is built. ``data_key``: the data module's class name, under which a checkpoint keeps its state.
+    before anything is built.
     """
     if not subcommand or config is None:
         return RunPlan(subcommand, None, None, False, True, None, None, command_line)
@@ -65,7 +63,7 @@ def make_plan(
     contents, weights_only = None, True
     if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:  # a file: read it now, once
         ckpt, needed_trust = read_checkpoint(path, trusted)
-        contents, weights_only = contents_of(ckpt, data_key), not needed_trust
+        contents, weights_only = contents_of(ckpt), not needed_trust
     elif trusted:
         weights_only = False  # a file only Lightning reads (a URL, hpc, registry): loaded as the user trusts it
     return RunPlan(subcommand, given, path, trusted, weights_only, contents, run_of(path), command_line)

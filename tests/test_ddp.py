@@ -5,10 +5,11 @@ The book cut as the shipped config cuts it, a window every 128 tokens, and a tin
 processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
 <step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test`, `validate` and
 `predict` on the checkpoint it left, SIGTERM to either process, tests/test_resume_windows.py's run resumed mid-epoch
-(a one-process run made here first), and a full disk. Lightning starts process 1 itself, by running the same script
-again, as it does for `python -m gpt_lit`. Each step's stdout, stderr and exit status, per process, are kept; the
-tests read them and the run folder. To check something more on two processes, add a step to ``STEPS`` and a test
-that reads ``ddp.step(name)``. The one-process references run in this process (``main``).
+(a one-process run made here first: refused), the run SIGTERM stopped resumed, and a full disk. Lightning starts
+process 1 itself, by running the same script again, as it does for `python -m gpt_lit`. Each step's stdout, stderr
+and exit status, per process, are kept; the tests read them and the run folder. To check something more on two
+processes, add a step to ``STEPS`` and a test that reads ``ddp.step(name)``. The one-process references run in this
+process (``main``).
 """
 
 import json
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, residual_without_throughput, run_session, scalars
-from test_resume_windows import WINDOWS, Uninterrupted, epoch_order, epoch_windows, uninterrupted_run
+from test_resume_windows import Uninterrupted, epoch_order, uninterrupted_run
 
 from gpt_lit.cli import main
 
@@ -138,17 +139,22 @@ FULL_DISK = (
 
 
 def resume_steps(run: Uninterrupted) -> list[tuple[str, list[str]]]:
-    """tests/test_resume_windows.py's run resumed from its step-3 checkpoint on two processes, and a batch size no
-    process can fill; ``RecordWindows`` writes each process's windows into the step's folder."""
+    """tests/test_resume_windows.py's one-process run resumed from its step-3 checkpoint on two processes (refused),
+    a batch size no process can fill, and the run ``sigterm(0)`` stopped resumed with its printed command (a new
+    version folder, so that sigterm_0's stays as it stopped); ``RecordWindows`` writes each process's windows into
+    the step's folder."""
 
     def record(folder: str) -> str:
         spec = {"class_path": "test_resume_windows.RecordWindows", "init_args": {"folder": folder}}
         return f"--trainer.callbacks+={json.dumps(spec)}"
 
+    stopped = Path("lightning_logs") / "sigterm_0" / "version_0"
     return [
         ("resumed", ["fit", *run.args, *DDP, "--trainer.max_epochs", "1", "--ckpt_path", str(run.step3),
                      record("resumed")]),
         ("too_big", ["fit", *run.args, *DDP, "--data.batch_size", "30", record("too_big")]),  # 44 windows: 22 each
+        ("resumed_sigterm", ["fit", "--config", str(stopped / "config.yaml"),
+                             "--ckpt_path", str(stopped / "checkpoints" / "last.ckpt"), record("resumed_sigterm")]),
     ]  # fmt: skip
 
 
@@ -297,21 +303,29 @@ def test_predict_on_two_processes_writes_every_prompt_once_in_order(ddp, run):
     assert written.read_text() == two_text  # one process wrote the same file again
 
 
-def test_a_resume_on_two_processes_continues_from_the_same_window(ddp):
+def test_a_mid_epoch_resume_on_another_number_of_processes_is_refused_with_one_line(ddp):
     codes, _, err = ddp.step("resumed")
+    assert codes == [2, 2] and "Traceback" not in err, err[-3000:]
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]  # process 0's
+    assert line == (
+        f"error: {ddp.uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training windows) with "
+        f"processes 1 (now 2): the rest of that epoch is not this run's batches. Resume with the checkpoint's "
+        f"settings until the epoch ends, then change them, or resume from a checkpoint saved at the end of an epoch"
+    )
+    assert not list((ddp.cwd / "resumed").iterdir())  # nothing trained
+    assert "ddp" not in (ddp.uninterrupted.step3.parents[1] / "logs" / "config.yaml").read_text()  # nor written
+
+
+def test_a_resume_on_two_processes_continues_from_the_same_window(ddp):
+    # sigterm(0)'s run stopped after its epoch's first step (of 2 x 4 windows of 317): resumed, each process trains
+    # on its share of the epoch's second step, every other window of the global order's windows 8 to 15.
+    codes, _, err = ddp.step("resumed_sigterm")
     assert codes == [0, 0], err[-3000:]
-    runs = [json.loads((ddp.cwd / "resumed" / f"windows.{r}.json").read_text()) for r in (0, 1)]
-    order = epoch_order(WINDOWS, 123, 0)
-    # Each process, in order: every other window of the epoch's order from window 12 on (32 windows left: 4 steps
-    # of 2 x 4); together, step by step, exactly the windows the uninterrupted run trained on after step 3.
-    for rank, run in enumerate(runs):
-        assert epoch_windows(run["batches"], 0) == order[12 + rank : 44 : 2]
+    order = epoch_order(317, 123, 0)
+    for rank in (0, 1):
+        run = json.loads((ddp.cwd / "resumed_sigterm" / f"windows.{rank}.json").read_text())
+        assert run["batches"] == [[0, 1, order[8 + rank : 16 : 2]]]
         assert run["validated"] == [0]
-    steps = zip(runs[0]["batches"], runs[1]["batches"], strict=True)
-    together = [w for a, b in steps for pair in zip(a[2], b[2], strict=True) for w in pair]
-    batches = ddp.uninterrupted.batches
-    assert epoch_windows(batches[:3], 0) + together == epoch_windows(batches, 0)
-    assert [i for e, i, _ in runs[0]["batches"]] == [1, 2, 3, 4]  # 5 batches of 2 x 4 an epoch
 
 
 def test_a_batch_no_process_can_fill_is_one_line(ddp):

@@ -1,12 +1,13 @@
-"""A run stopped mid-epoch and resumed with another batch size, number of processes or accumulate_grad_batches
-trains on the windows the uninterrupted run trains on, in the same order; a change that reorders the epoch is
-refused with one line.
+"""A run stopped mid-epoch and resumed trains on the windows the uninterrupted run trains on, in the same order, also
+with another accumulate_grad_batches or a DataLoader worker; a change of the epoch's batches (the batch size, the
+order, the number of processes) is refused with one line; a resume from an epoch's end may change them.
 
 A short book (the first 6,100 characters of the story: 44 training windows of 32 tokens, so that a step of 4 and
 one of 8 windows both end the epoch at window 44) and the tiny model. ONE uninterrupted run (2 epochs, batch size
 4, one process) keeps a checkpoint after step 3, saved mid-epoch as a step-interval ModelCheckpoint saves it; every
-case resumes from it. A callback records, per process, which windows each training batch held. The resume on two
-processes is one of tests/test_ddp.py's steps (its pair of processes runs it, from an uninterrupted run of its own).
+case resumes from it. A callback records, per process, which windows each training batch held. Its resume on two
+processes, refused, is one of tests/test_ddp.py's steps (its pair of processes runs it, from an uninterrupted run of
+its own), as is a resume on two processes of a run stopped on two.
 """
 
 import json
@@ -48,6 +49,17 @@ class RecordWindows(Callback):
         (self.folder / f"windows.{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
+class SaveBeforeStep(Callback):
+    """Saves ``path`` as training step ``step`` starts (the batch fetched, not trained on)."""
+
+    def __init__(self, path: Path, step: int):
+        self.path, self.step = path, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     """The chapter's shuffle, computed here: the permutation of n windows a generator seeded with seed + epoch draws."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
@@ -74,16 +86,18 @@ class Uninterrupted:
     args: list[str]  # the run's options (without a --ckpt_path)
     batches: list  # [epoch, batch_idx, windows] of every training batch
     step3: Path  # the checkpoint saved after step 3 of epoch 0
+    before4: Path  # the one saved as step 4 starts: the same state, its batch fetched
 
 
 def uninterrupted_run(root: Path) -> Uninterrupted:
     """The uninterrupted run, in this process, in ``root``; tests/test_ddp.py resumes it on two processes."""
     args = run_args(short_book(root / "book"), root / "logs")
     steps = ModelCheckpoint(dirpath=root / "steps", every_n_train_steps=3, save_top_k=-1, filename="{step}")
-    fit = main(["fit", *args], extra_callbacks=[RecordWindows(root), steps])
+    before4 = SaveBeforeStep(root / "before4.ckpt", 3)
+    fit = main(["fit", *args], extra_callbacks=[RecordWindows(root), steps, before4])
     assert len(fit.datamodule.train_set) == WINDOWS
     batches = json.loads((root / "windows.0.json").read_text())["batches"]
-    return Uninterrupted(args, batches, root / "steps" / "step=3.ckpt")
+    return Uninterrupted(args, batches, root / "steps" / "step=3.ckpt", before4.path)
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +105,9 @@ def uninterrupted(tmp_path_factory) -> Uninterrupted:
     return uninterrupted_run(tmp_path_factory.mktemp("resume_windows"))
 
 
-def resume(uninterrupted: Uninterrupted, folder: Path, *changes: str) -> dict:
-    """Resume from the step-3 checkpoint with ``changes``, in this process; what it trained on."""
-    main(["fit", *uninterrupted.args, *changes, "--ckpt_path", str(uninterrupted.step3)],
+def resume(uninterrupted: Uninterrupted, folder: Path, *changes: str, ckpt: Path | None = None) -> dict:
+    """Resume from the step-3 checkpoint (or ``ckpt``) with ``changes``, in this process; what it trained on."""
+    main(["fit", *uninterrupted.args, *changes, "--ckpt_path", str(ckpt or uninterrupted.step3)],
          extra_callbacks=[RecordWindows(folder)])  # fmt: skip
     return json.loads((folder / "windows.0.json").read_text())
 
@@ -121,41 +135,50 @@ def test_a_resume_trains_on_the_same_windows(uninterrupted, tmp_path, changes):
     assert resumed["validated"] == list(range(epochs))
 
 
-def test_a_resume_with_twice_the_batch_size_continues_from_the_same_window(uninterrupted, tmp_path):
-    resumed = resume(uninterrupted, tmp_path, "--data.batch_size", "8")
-    before = epoch_windows(uninterrupted.batches[:3], 0)  # 12 windows, in 3 steps of 4
-    assert before + epoch_windows(resumed["batches"], 0) == epoch_windows(uninterrupted.batches, 0)  # all 44
-    assert all(len(rows) == 8 for _, _, rows in resumed["batches"])
-    # Lightning counts the epoch in batches of 8: 5 of them (44 // 8) have 32 windows left, so it starts at batch 1
-    # and ends, and validates, at batch 4; epoch 1 has 5 batches of 8 (its last 4 windows make no full batch).
-    assert [(e, i) for e, i, _ in resumed["batches"]] == [(0, i) for i in range(1, 5)] + [(1, i) for i in range(5)]
-    assert resumed["validated"] == [0, 1]
-    assert epoch_windows(resumed["batches"], 1) == epoch_order(WINDOWS, 123, 1)[:40]
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_resume_from_a_checkpoint_saved_as_a_step_starts_trains_that_step(uninterrupted, tmp_path, workers):
+    resumed = resume(uninterrupted, tmp_path, "--data.num_workers", workers, "--trainer.max_epochs", "1",
+                     ckpt=uninterrupted.before4)  # fmt: skip
+    assert uninterrupted.batches[:3] + resumed["batches"] == [b for b in uninterrupted.batches if b[0] == 0]
+    assert resumed["validated"] == [0]
 
 
-def test_a_resume_that_would_reorder_the_epoch_is_refused_with_one_line(uninterrupted, tmp_path, capfd):
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [(["--data.seed", "7"], "data.seed 123 (now 7)"), (["--data.batch_size", "8"], "data.batch_size 4 (now 8)")],
+)
+def test_a_resume_that_would_change_the_epochs_batches_is_refused_with_one_line(
+    uninterrupted, tmp_path, capfd, change, named
+):
     config = uninterrupted.step3.parents[1] / "logs" / "config.yaml"  # the run's, as it ran
     before = config.read_text()
     with pytest.raises(SystemExit) as stopped:
-        resume(uninterrupted, tmp_path, "--data.seed", "7")
+        resume(uninterrupted, tmp_path, *change)
     err = capfd.readouterr().err
     assert stopped.value.code == 2 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert line.startswith(f"error: {uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training")
-    assert "data.seed 123 (now 7)" in line
+    assert line == (
+        f"error: {uninterrupted.step3} was saved mid-epoch (epoch 0, after 12 of its 44 training windows) with "
+        f"{named}: the rest of that epoch is not this run's batches. Resume with the checkpoint's settings until the "
+        f"epoch ends, then change them, or resume from a checkpoint saved at the end of an epoch"
+    )
     assert not (tmp_path / "windows.0.json").exists()  # nothing trained
     assert config.read_text() == before  # nor the run's config.yaml written over
 
 
-@pytest.mark.parametrize("workers", ["0", "1"])
-def test_a_resume_from_an_epochs_end_trains_the_next_epoch_in_its_order(uninterrupted, tmp_path, workers):
-    # The run's last.ckpt, saved at the end of its epoch 1; resumed for one more epoch, with or without worker
-    # processes (which draw the sampler's indices as soon as the loader's iterator is made).
+@pytest.mark.parametrize(
+    ("change", "batch"), [([], 4), (["--data.num_workers", "1"], 4), (["--data.batch_size", "8"], 8)],
+    ids=["same settings", "a worker", "twice the batch size"],
+)  # fmt: skip
+def test_a_resume_from_an_epochs_end_trains_the_next_epoch_in_its_order(uninterrupted, tmp_path, change, batch):
+    # The run's last.ckpt, saved at the end of its epoch 1; resumed for one more epoch, with a worker process (which
+    # draws the sampler's indices as soon as the loader's iterator is made) or in batches of another size.
     last = uninterrupted.step3.parent / "last.ckpt"  # beside the run's other checkpoints
-    resumed = main(["fit", *uninterrupted.args, "--data.num_workers", workers, "--trainer.max_epochs", "3",
-                    "--ckpt_path", str(last)], extra_callbacks=[RecordWindows(tmp_path)])  # fmt: skip
+    resumed = main(["fit", *uninterrupted.args, *change, "--trainer.max_epochs", "3", "--ckpt_path", str(last)],
+                   extra_callbacks=[RecordWindows(tmp_path)])  # fmt: skip
     record = json.loads((tmp_path / "windows.0.json").read_text())
-    assert [(e, i) for e, i, _ in record["batches"]] == [(2, i) for i in range(11)]
-    assert epoch_windows(record["batches"], 2) == epoch_order(WINDOWS, 123, 2)
+    steps = WINDOWS // batch  # the last, partial batch is dropped
+    assert [(e, i) for e, i, _ in record["batches"]] == [(2, i) for i in range(steps)]
+    assert epoch_windows(record["batches"], 2) == epoch_order(WINDOWS, 123, 2)[: steps * batch]
     assert record["validated"] == [2]
-    assert resumed.trainer.global_step == 33  # where one uninterrupted run of 3 epochs of 11 steps ends
+    assert resumed.trainer.global_step == 22 + steps  # after the run's 2 epochs of 11 steps

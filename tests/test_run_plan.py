@@ -19,11 +19,12 @@ from gpt_lit.module import GPTLightning
 from gpt_lit.run_plan import make_plan
 
 CONFIG = GPTConfig(vocab_size=50257, context_length=32, emb_dim=32, n_heads=2, n_layers=2)
-DATA_STATE = {"epoch": 0, "windows_done": 0, "epoch_done": True}
+LOADER_STATE = {"epoch": 0, "steps": 3, "epoch_done": False}
 
 
-def save_run(root: Path, version: int) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A run folder ``lightning_logs/version_N`` with a config.yaml and a tiny model's ``checkpoints/last.ckpt``."""
+def save_run(root: Path, version: int, **extra) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A run folder ``lightning_logs/version_N`` with a config.yaml and a tiny model's ``checkpoints/last.ckpt``
+    (with ``extra``'s keys)."""
     run = root / "lightning_logs" / f"version_{version}"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("model: {}\n")
@@ -33,7 +34,7 @@ def save_run(root: Path, version: int) -> tuple[Path, dict[str, torch.Tensor]]:
         "state_dict": state,
         "hyper_parameters": {"config": vars(CONFIG)},
         "pytorch-lightning_version": lightning.__version__,
-        "TimeMachineData": DATA_STATE,
+        **extra,
     }
     torch.save(ckpt, run / "checkpoints" / "last.ckpt")
     return run / "checkpoints" / "last.ckpt", state
@@ -59,24 +60,25 @@ def loads(monkeypatch) -> list[str]:
 
 def test_last_is_the_newest_runs_file_read_once(tmp_path, loads):
     save_run(tmp_path, 0)
-    path, state = save_run(tmp_path, 1)
-    plan = make_plan("fit", fit_config(tmp_path, "last"), "TimeMachineData", ("fit", "--ckpt_path", "last"))
+    loops = {"fit_loop": {"state_dict": {"combined_loader": [LOADER_STATE]}}}  # where Lightning saves it
+    path, state = save_run(tmp_path, 1, loops=loops)
+    plan = make_plan("fit", fit_config(tmp_path, "last"), ("fit", "--ckpt_path", "last"))
     assert (plan.given, plan.ckpt_path, plan.run) == ("last", str(path), path.parent.parent)
     assert loads == [str(path)]  # one read, of that file
     assert plan.weights_only and not plan.trusted and plan.resumes and plan.weights_from_checkpoint
     # what the checks before the restore need, as the file has it
     assert plan.contents.shapes == {k: tuple(v.shape) for k, v in state.items()}
-    assert plan.contents.config == vars(CONFIG) and plan.contents.data_state == DATA_STATE
+    assert plan.contents.config == vars(CONFIG) and plan.contents.data_state == LOADER_STATE
     assert plan.command_line == ("fit", "--ckpt_path", "last")
 
 
 def test_a_file_only_lightning_reads_is_not_read(tmp_path, loads):
-    plan = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt"), "TimeMachineData")
+    plan = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt"))
     assert loads == [] and plan.contents is None and plan.run is None
     assert plan.ckpt_path == "s3://bucket/x.ckpt" and plan.weights_only and not plan.resumes
-    trusted = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt", trust=True), "TimeMachineData")
+    trusted = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt", trust=True))
     assert not trusted.weights_only  # Lightning's restore loads it as the user trusts it
-    fresh = make_plan("fit", fit_config(tmp_path, None), "TimeMachineData")
+    fresh = make_plan("fit", fit_config(tmp_path, None))
     assert not fresh.weights_from_checkpoint and not fresh.resumes and fresh.contents is None
 
 
