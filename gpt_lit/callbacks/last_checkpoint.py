@@ -27,11 +27,11 @@ class LastCheckpoint(Checkpoint):
         Lightning's own ``--ckpt_path`` restore is exact from three moments, and ``last.ckpt`` is saved only there:
         the end of a training step that no validation follows (``on_train_batch_end``), the end of a validation in
         ``fit`` (``on_validation_end``), and an epoch's end (``on_train_epoch_end``) unless ``max_steps`` is set (its
-        restore would count that epoch twice). So an epoch is saved at its end, or after its last validation (under
-        ``max_steps``: after its last step, then after its validation if one follows); a step when a stop was asked,
-        when another checkpoint callback saved at it (``every_n_train_steps``, ``train_time_interval``) or when fit
-        ends after it (``max_steps``, ``EarlyStopping``, ``Timer``), then once more after the validation that follows
-        it, if one does. Best and top-k files stay with the ModelCheckpoints the config lists; their own
+        restore would count that epoch twice: under ``max_steps`` an epoch is saved after its last step or after the
+        validation that follows it, and its end runs again on a resume). A step is saved (or the validation after it)
+        when a stop was asked, when another checkpoint callback saved at it (``every_n_train_steps``,
+        ``train_time_interval``), or when fit ends after it (``max_steps``, ``EarlyStopping``, ``Timer``).
+        Best and top-k files stay with the ModelCheckpoints the config lists; their own
         ``save_last`` is turned off here, as this callback owns the name.
 
         Stops: the first Ctrl-C or a SIGTERM lets training reach the next such moment, saves ``last.ckpt`` there and
