@@ -146,20 +146,20 @@ class LastCheckpoint(Checkpoint):
             return stop
         return self.stop is not None
 
-    def _raise_if_stopping(self, trainer: L.Trainer, *args: Any) -> None:
+    def _raise_if_stopping(self) -> None:
         # Once last.ckpt holds the moment reached after a stop was asked and that moment's values are logged:
         # Lightning then ends the run as stopped (on_exception, the loggers finalized) and re-raises it to the CLI.
         if self._stopping:
             raise SIGTERMException
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx) -> None:
-        self._raise_if_stopping(trainer)
+        self._raise_if_stopping()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._raise_if_stopping(trainer)
+        self._raise_if_stopping()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._raise_if_stopping(trainer)
+        self._raise_if_stopping()
 
     @property
     def stopped_by(self) -> str:
@@ -206,10 +206,11 @@ class LastCheckpoint(Checkpoint):
         ran_out = self._epoch_ran_out(trainer)
         if self._stopping or (batch_idx + 1) % trainer.accumulate_grad_batches and not ran_out:
             return  # gradients accumulated, not yet stepped
-        asked, ends = self._ask(trainer), self._fit_ends(trainer)
-        if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not ends:
-            return  # saved after the validation (or the epoch's end) that comes next
-        if asked or ran_out or ends or self._others_saved_at == trainer.global_step:
+        asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
+        if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
+            return  # saved after the validation (or the epoch's end) that comes next; a validation that a
+            # callback's request to stop adds (Timer) is not: a resume would not run it
+        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)
             self._stopping = asked
 
@@ -224,7 +225,7 @@ class LastCheckpoint(Checkpoint):
         if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)  # the epoch's end, if it comes next, runs again on the resume
         self._stopping = asked
-        self._raise_if_stopping(trainer)
+        self._raise_if_stopping()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end. Under max_steps
