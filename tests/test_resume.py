@@ -134,7 +134,7 @@ def test_max_steps_mid_epoch_then_more_steps_trains_on_the_rest_of_that_epoch(tm
 
 def test_sigterm_before_a_validation_every_n_steps_across_epochs_keeps_that_validation(tmp_path, capsys):
     # Validation every 4 steps counted across epochs of 6: after steps 3, 7 and 11 (loss/val's steps). SIGTERM in
-    # epoch 1's second step (step 7, a validation follows it): saved after step 8, with step 7's validation done.
+    # epoch 1's second step (step 7, a validation follows it): saved after that step and its validation.
     args = [*SCHEDULE_RUN, "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "6",
             "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", "4"]  # fmt: skip
     main(["fit", *args, "--trainer.logger.init_args.save_dir", str(tmp_path / "one")])
@@ -144,7 +144,7 @@ def test_sigterm_before_a_validation_every_n_steps_across_epochs_keeps_that_vali
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert stopped.value.code == 143 and "resume with: " in line, line
     run = tmp_path / "two" / "residual" / "version_0"
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 9
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
     main(shlex.split(line.split("resume with: ")[1])[3:])
     want, got = train_steps(tmp_path / "one" / "residual" / "version_0"), train_steps(run)
     assert [s for s, _ in want["loss/val"]] == [3, 7, 11]

@@ -12,6 +12,7 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
 from gpt_lit.checkpointing import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
@@ -21,25 +22,25 @@ CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
 class LastCheckpoint(Checkpoint):
     def __init__(self, dirpath: str | None = None):
-        """Keep ``<dirpath>/last.ckpt`` the newest state training reached that a run resumes from exactly.
+        """Keep ``<dirpath>/last.ckpt`` the newest state training reached that Lightning's restore resumes exactly.
 
-        A state is exact after a whole training step with no evaluation due, or after an epoch's evaluation and
-        all its end-of-epoch hooks. ``last.ckpt`` is saved at every epoch's end, after a step at which another
-        checkpoint callback saved (``ModelCheckpoint(every_n_train_steps=...)`` or ``train_time_interval``),
-        when the run is stopped, and at the end of ``fit``. Best and top-k files stay with the ModelCheckpoints
-        the config lists; their own ``save_last`` is turned off here, as this callback owns the name.
-        When a validation follows a step is Lightning's own schedule, read from its counters. An epoch that
-        ``max_steps``, ``EarlyStopping`` or ``Timer`` cuts short is saved after its last step (or after the
-        validation at which fit ends mid-epoch), never at its end, from which Lightning would resume at the next
-        epoch and skip the rest of this one.
+        Lightning's own ``--ckpt_path`` restore is exact from three moments, and ``last.ckpt`` is saved only there:
+        the end of a training step that no validation follows (``on_train_batch_end``), the end of a validation in
+        ``fit`` (``on_validation_end``), and an epoch's end (``on_train_epoch_end``) unless ``max_steps`` is set (its
+        restore would count that epoch twice: under ``max_steps`` an epoch is saved after its last step or after the
+        validation that follows it, and its end runs again on a resume). A step is saved (or the validation after it)
+        when a stop was asked, when another checkpoint callback saved at it (``every_n_train_steps``,
+        ``train_time_interval``), or when fit ends after it (``max_steps``, ``EarlyStopping``, ``Timer``).
+        Best and top-k files stay with the ModelCheckpoints the config lists; their own
+        ``save_last`` is turned off here, as this callback owns the name.
 
-        Stops: the first Ctrl-C or a SIGTERM lets training reach the next exact state (the step under way; or
-        the evaluation and the epoch's end, if they come next), saves ``last.ckpt`` there and stops. A second
-        Ctrl-C stops at once without saving: ``last.ckpt`` is then the previous exact state. Under several
-        processes they agree on the stop (one all-reduce of a flag per step). A run resumed from a checkpoint
-        into its old TensorBoard folder hides what the old run logged after that checkpoint, so TensorBoard
-        shows each step once; into its old CSV folder, it keeps the old rows before that checkpoint (Lightning's
-        CSVLogger would delete them) and drops the others. The GPT CLI adds this callback to every ``fit``.
+        Stops: the first Ctrl-C or a SIGTERM lets training reach the next such moment, saves ``last.ckpt`` there and
+        stops with Lightning's ``SIGTERMException`` once that moment's values are logged. A second Ctrl-C stops at
+        once without saving. Under several processes they agree on the stop (one all-reduce of a flag per step).
+        A run resumed from a checkpoint into its old TensorBoard folder hides what the old run logged after that
+        checkpoint, so TensorBoard shows each step once; into its old CSV folder, it keeps the old rows before that
+        checkpoint (Lightning's CSVLogger would delete them) and drops the others. The GPT CLI adds this callback to
+        every ``fit``.
 
         Args:
             dirpath: Folder of ``last.ckpt``; default: beside the run's other checkpoints (the config's
@@ -51,10 +52,11 @@ class LastCheckpoint(Checkpoint):
         self.logger_version: int | str | None = None  # the first logger's version, once fit has started
         self.saved_step: int | None = None  # global step of the last.ckpt this process saved last
         self.stop: str | None = None  # "Ctrl-C" or "SIGTERM" once asked to stop
-        self._stopping = False
+        self._asked = False  # the processes agreed to stop
+        self._stopping = False  # last.ckpt saved since: raise at the next hook after the logs
         self._saving = False
         self._others_saved_at = -1  # global step of another callback's latest save
-        self._stepped_at_resume = 0  # Lightning's count of batches that stepped, as a resumed checkpoint had it
+        self._forced = False  # the validation under way runs because a callback asked fit to stop
         self._taken: set[int] = set()  # the signals this fit's handler was given (SIGINT, SIGTERM)
         self._csv_rows: dict[int, list[dict[str, str]]] = {}  # a resumed run's CSV loggers' earlier rows
 
@@ -115,13 +117,13 @@ class LastCheckpoint(Checkpoint):
         self.stop = self.stop or ("Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.stop, self._stopping, self._taken = None, False, set()
+        self.stop, self._asked, self._stopping, self._taken = None, False, False, set()
 
     def _take_signals(self) -> None:
         # After Lightning registers its handlers (after on_fit_start), so that what it puts back when fit ends, or
-        # raises (then no teardown hook runs), is the handler from before the run, not this callback's. SIGTERM in
-        # place of Lightning's handler, which stops an evaluation half-way and skips this callback's save; Ctrl-C only
-        # where it would raise KeyboardInterrupt (a process started with SIGINT ignored keeps it so).
+        # raises, is the handler from before the run, not this callback's. SIGTERM in place of Lightning's handler,
+        # which stops an evaluation half-way; Ctrl-C only where it would raise KeyboardInterrupt (a process started
+        # with SIGINT ignored keeps it so).
         if threading.current_thread() is not threading.main_thread():
             return
         if signal.SIGINT not in self._taken and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -144,11 +146,20 @@ class LastCheckpoint(Checkpoint):
             return stop
         return self.stop is not None
 
-    def _stop(self, trainer: L.Trainer) -> None:
-        # Lightning raises SIGTERMException once this step's (or this epoch's) values are logged, and ends the run
-        # as stopped (no end-of-fit hooks); a private flag, the one Lightning's own SIGTERM handler sets.
-        self._stopping = True
-        trainer._signal_connector.received_sigterm = True
+    def _raise_if_stopping(self) -> None:
+        # Once last.ckpt holds the moment reached after a stop was asked and that moment's values are logged:
+        # Lightning then ends the run as stopped (on_exception, the loggers finalized) and re-raises it to the CLI.
+        if self._stopping:
+            raise SIGTERMException
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx) -> None:
+        self._raise_if_stopping()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_stopping()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_stopping()
 
     @property
     def stopped_by(self) -> str:
@@ -164,85 +175,65 @@ class LastCheckpoint(Checkpoint):
         return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
 
     @staticmethod
-    def _validates_next(trainer: L.Trainer) -> bool:
-        """Whether Lightning runs a validation right after the training step that just ended, read from its own
-        counters: ``val_check_batch`` counts the epoch's batches (``batch_idx``), or all batches
-        (``total_batch_idx``) when ``check_val_every_n_epoch`` is None; the last batch of an epoch is checked by
-        the caller. A time-based interval (``val_check_batch`` not a number of batches) validates at wall-clock
-        moments no resume can repeat: the state after a step is then taken as exact for training."""
-        every_n_epochs = trainer.check_val_every_n_epoch
-        if not trainer.enable_validation:
-            return False
-        if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs:
-            return False
-        every = trainer.val_check_batch
-        if not isinstance(every, int):
-            return False
-        loop = trainer.fit_loop.epoch_loop
-        done = loop.total_batch_idx if every_n_epochs is None else loop.batch_idx
-        return (done + 1) % every == 0
-
-    def _exact_after_step(self, trainer: L.Trainer) -> bool:
-        """Whether the state after this training step is exact: the step stepped, no evaluation comes next, and
-        the epoch goes on (its end saves ``last.ckpt`` after the epoch's evaluation). ``max_steps`` reached
-        mid-epoch ends fit here: this state is the run's last exact one (Lightning resumes it mid-epoch; the
-        end-of-epoch hooks that follow run for an epoch cut short, from which a resume would start the next epoch).
-        ``EarlyStopping`` or ``Timer`` asking to stop (once ``min_epochs`` is met) make Lightning validate once more
-        and end the epoch: the state before that validation is the last exact one; a resume goes on training from it."""
-        loop = trainer.fit_loop.epoch_loop
-        if self._epoch_ran_out(trainer):
-            return False  # the epoch's evaluation and end come next
-        if loop.batch_progress.current.ready % trainer.accumulate_grad_batches:
-            return False  # gradients accumulated, not yet stepped
-        return self._stop_honoured(trainer) or not self._validates_next(trainer)
+    def _fit_ends(trainer: L.Trainer) -> bool:
+        """Whether fit ends in this epoch: ``max_steps`` reached, or a callback's request to stop
+        (``trainer.should_stop``: EarlyStopping, Timer) that Lightning honours (``min_epochs``/``min_steps`` met)."""
+        return 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.fit_loop.epoch_loop.done
 
     @staticmethod
-    def _stop_honoured(trainer: L.Trainer) -> bool:
-        """Whether a callback's request to stop (``trainer.should_stop``: EarlyStopping, Timer) ends fit in this
-        epoch: Lightning's epoch loop says it is done. Before ``min_epochs`` or ``min_steps`` it goes on training (the
-        request stays set), and the schedule of saves and validations is the usual one."""
-        return trainer.should_stop and trainer.fit_loop.epoch_loop.done
+    def _validates_next(trainer: L.Trainer, batch_idx: int) -> bool:
+        """Whether Lightning validates right after this training step (it has no public way to ask): every
+        ``val_check_batch`` batches of the epoch, or of all batches when ``check_val_every_n_epoch`` is None; an
+        epoch of unknown length at its end. A time-based interval validates at moments no resume can repeat: the
+        state after a step is then taken as exact for training."""
+        every_n_epochs, every = trainer.check_val_every_n_epoch, trainer.val_check_batch
+        if not trainer.enable_validation or every_n_epochs and (trainer.current_epoch + 1) % every_n_epochs:
+            return False
+        if every == float("inf"):
+            return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        done = trainer.fit_loop.total_batch_idx if every_n_epochs is None else batch_idx
+        return isinstance(every, int) and (done + 1) % every == 0
+
+    def _ask(self, trainer: L.Trainer) -> bool:
+        self._asked = self._asked or self._agreed(trainer)
+        return self._asked
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if not self._saving:
             self._others_saved_at = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if self._stopping or not self._exact_after_step(trainer):
-            return
-        stop = self._agreed(trainer)
-        ends = 0 <= trainer.max_steps <= trainer.global_step or self._stop_honoured(trainer)  # fit ends in this epoch
-        if stop or ends or self._others_saved_at == trainer.global_step:
+        ran_out = self._epoch_ran_out(trainer)
+        if self._stopping or (batch_idx + 1) % trainer.accumulate_grad_batches and not ran_out:
+            return  # gradients accumulated, not yet stepped
+        asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
+        if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
+            return  # saved after the validation (or the epoch's end) that comes next; a validation that a
+            # callback's request to stop adds (Timer) is not: a resume would not run it
+        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)
-        if stop:
-            self._stop(trainer)
+            self._stopping = asked
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end.
-        if trainer.fit_loop.restarted_on_epoch_end:  # the end of the epoch the resumed checkpoint was saved at, again
-            # No batch ran since the resume: the loggers' step as it was (see on_train_start; private, as there).
-            trainer.fit_loop.epoch_loop._batches_that_stepped = self._stepped_at_resume
-            return  # saved already
-        if self._stopping or not self._epoch_ran_out(trainer):
-            return  # an epoch cut short: saved after its last step, from which Lightning resumes it exactly
-        self.save(trainer)
-        if self._agreed(trainer):
-            self._stop(trainer)
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._forced = trainer.should_stop  # Lightning validates once more before it stops; a resume would not
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Fit ends after this validation, mid-epoch (max_steps reached at a step a validation follows, or
-        # EarlyStopping asking to stop here): the state after the validation is the last exact one (Lightning
-        # resumes it without validating again). Not after a validation Lightning ran only because a callback had
-        # asked to stop at the step before (Timer): that step's state, saved then, is the exact one.
-        if trainer.sanity_checking or self._stopping or self._epoch_ran_out(trainer):
-            return
-        ends = 0 <= trainer.max_steps <= trainer.global_step or self._stop_honoured(trainer)
-        if ends and self.saved_step != trainer.global_step:
-            self.save(trainer)
+        ran_out = self._epoch_ran_out(trainer)
+        if trainer.sanity_checking or self._forced or self._stopping or ran_out and trainer.max_steps < 0:
+            return  # after a forced validation, the step before it (saved then) is the exact state
+        asked = self._ask(trainer)
+        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
+            self.save(trainer)  # the epoch's end, if it comes next, runs again on the resume
+        self._stopping = asked
+        self._raise_if_stopping()
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.saved_step != trainer.global_step and self._epoch_ran_out(trainer):
-            self.save(trainer)
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end. Under max_steps
+        # Lightning's restore from here would count this epoch twice: saved after its last step or validation.
+        if self._stopping or trainer.max_steps >= 0 or not self._epoch_ran_out(trainer):
+            return  # an epoch cut short: saved after its last step or validation
+        self.save(trainer)
+        self._stopping = self._ask(trainer)
 
     def save(self, trainer: L.Trainer) -> None:
         if self.path is None or trainer.sanity_checking or trainer.fast_dev_run:
@@ -273,16 +264,6 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._take_signals()
-        loop = trainer.fit_loop
-        if loop.restarted_on_epoch_end:
-            # Resumed under max_steps from a state saved at an epoch's end: Lightning runs that epoch's end
-            # again, without a batch, and counts the epoch as processed twice, so every later epoch would take the
-            # next epoch's order of batches (the sampler's epoch is that count). Counted once, as in the run that
-            # saved it. The count of batches that stepped (the loggers' step) is put back after that end
-            # (on_train_epoch_end): Lightning adds one for the validation it skips there.
-            for counter in (loop.epoch_progress.current, loop.epoch_progress.total):
-                counter.processed -= 1
-            self._stepped_at_resume = loop.epoch_loop._batches_that_stepped  # private: Lightning has no public one
         # Resumed from a checkpoint at step S: TensorBoard hides events with step >= S from the run's older event
         # files when it reads a SessionLog START at step S (what SummaryWriter(purge_step=S) writes). The old run's
         # values for the steps before S stay; those it logged after that checkpoint (if it stopped later) are
