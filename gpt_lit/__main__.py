@@ -1,4 +1,4 @@
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 if __name__ == "__main__":
     main()

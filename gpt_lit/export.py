@@ -23,10 +23,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from gpt_lit.checkpoint_reading import read_checkpoint
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.pretrained import to_hugging_face
+from gpt_lit.run.reading import read_checkpoint
 from gpt_lit.tokenizer import ENDOFTEXT, _bpe_files
 
 EOT_ID = 50256  # <|endoftext|>: GPT-2's one special token, its bos, eos and unk

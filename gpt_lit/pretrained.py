@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from gpt_lit.cli_keys import cli_key
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.run.cli_keys import cli_key
 
 # The released sizes on the hub: the name a user types -> the repository.
 HUB_MODELS = {

@@ -47,10 +47,10 @@ import tempfile  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
 
-from gpt_lit.cli import main as gpt_lit_main  # noqa: E402
 from gpt_lit.flops import eval_flops_per_token, matmul_params, train_flops_per_token  # noqa: E402
 from gpt_lit.flops import matmul_peak as peak_of  # noqa: E402
 from gpt_lit.model import count_params  # noqa: E402
+from gpt_lit.run.cli import main as gpt_lit_main  # noqa: E402
 
 
 class TokenCount(Callback):

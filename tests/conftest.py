@@ -165,7 +165,7 @@ TINY_RUN = [
 def tiny_run(tmp_path_factory) -> TinyRun:
     """One tiny run, made once per session, in this process: `fit` for 2 epochs (checkpoints best-epoch01.ckpt
     and last.ckpt). Tests may add test/ and predict/ outputs beside it, never change what `fit` wrote."""
-    from gpt_lit.cli import main
+    from gpt_lit.run.cli import main
 
     root = tmp_path_factory.mktemp("tiny_run")
     before = os.getcwd()

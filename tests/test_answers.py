@@ -16,10 +16,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lit.book_source import default_data_dir, load_book
 from gpt_lit.callbacks import BlockGradNorms, PositionSimilarity, mean_position_similarity
-from gpt_lit.cli import main
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
+from gpt_lit.run.cli import main
 from gpt_lit.tokenizer import get_tokenizer
 
 RUN = [

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 
 from gpt_lit import book_source
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 PREDICT = ["predict", "--ckpt_path", "last"]
 TEST = ["test", "--ckpt_path", "last", "--trainer.limit_test_batches", "1"]

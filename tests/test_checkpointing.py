@@ -18,10 +18,10 @@ import torch
 from conftest import TINY, residual_without_diagnostics, residual_without_diagnostics_text
 from jsonargparse import Namespace
 
-from gpt_lit.checkpointing import AtomicCheckpointIO, NoRoomError
-from gpt_lit.cli import main
 from gpt_lit.errors import GptLitError
-from gpt_lit.runs import latest_checkpoint, runs_folder
+from gpt_lit.run.cli import main
+from gpt_lit.run.folders import latest_checkpoint, runs_folder
+from gpt_lit.run.saving import AtomicCheckpointIO, NoRoomError
 
 RUN = [
     *TINY, "--data.eval_train", "false", "--data.eval_batch_size", "8",

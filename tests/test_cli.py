@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import REPO, TINY, scalars
 
-from gpt_lit.cli import GPTLitCLI, main
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import count_params
 from gpt_lit.module import GPTLightning
+from gpt_lit.run.cli import GPTLitCLI, main
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 

@@ -3,7 +3,7 @@
 The book cut as the shipped config cuts it, a window every 128 tokens, and a tiny model with windows of 32 tokens:
 317 training and 37 validation windows, so two processes get 19 and 18 validation windows. ONE pair of
 processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
-<step>` would (``gpt_lit.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test`, `validate` and
+<step>` would (``gpt_lit.run.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test`, `validate` and
 `predict` on the checkpoint it left, SIGTERM to either process, tests/test_resume_windows.py's run resumed mid-epoch
 (a one-process run made here first: refused), the run SIGTERM stopped resumed, and a full disk. Lightning starts
 process 1 itself, by running the same script again, as it does for `python -m gpt_lit`. Each step's stdout, stderr
@@ -25,7 +25,7 @@ import torch
 from conftest import REPO, residual_without_throughput, run_session, scalars
 from test_resume_windows import Uninterrupted, epoch_order, uninterrupted_run
 
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 RUN = [
     "--config", residual_without_throughput(),
@@ -75,7 +75,7 @@ class SigtermAt(Callback):
 SESSION = """
 import json, os, sys
 from pathlib import Path
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 def step_output(name):
     '''This process's stdout and stderr from here on (print()s and logging alike) into <name>.<rank>.out/.err.'''
@@ -352,7 +352,7 @@ def test_fsdp_on_cpu_is_refused_with_one_line(capsys):
 NODE = """
 import json, os, sys
 from pathlib import Path
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 rank = os.environ["NODE_RANK"]
 for fd, kind in ((1, "out"), (2, "err")):

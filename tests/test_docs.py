@@ -183,7 +183,7 @@ def dotted_options() -> dict[str, str]:
 def help_text() -> str:
     """The CLI parser's --help: fit's and export's, and the default logger's (an ``init_args`` option is one of
     the logger class's)."""
-    from gpt_lit.cli import main
+    from gpt_lit.run.cli import main
 
     texts = []
     for args in (["fit", "--help"], ["export", "--help"],

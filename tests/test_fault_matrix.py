@@ -29,7 +29,7 @@ from conftest import REPO, TINY
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 RUN = [
     *TINY, "--data.eval_batch_size", "8", "--data.eval_train", "false", "--trainer.max_epochs", "3",

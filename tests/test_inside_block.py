@@ -35,9 +35,9 @@ from gpt_lit.callbacks.block_pass import SharedPass, record_blocks
 from gpt_lit.callbacks.position_loss import PositionMeans
 from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.callbacks.similarity import block_similarities
-from gpt_lit.cli import main
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
+from gpt_lit.run.cli import main
 
 T, V = 12, 97
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import QUIET_TRAINER, TINY
 
-from gpt_lit.cli import main
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
+from gpt_lit.run.cli import main
 
 SHORT = [
     "--config", "residual", *TINY, "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",

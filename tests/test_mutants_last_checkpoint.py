@@ -3,7 +3,7 @@
 validation within an epoch), and where it lies; resumes that go on as one run (its logs included); the signal
 handlers it leaves; under two processes (threads meeting in a fake strategy), one stop and one failed save for both.
 A fit here is 8 steps of a linear layer: a fraction of a second, so that mutation testing (docs/testing.md) runs
-these for every mutant of gpt_lit/callbacks/last_checkpoint.py."""
+these for every mutant of gpt_lit/run/last_checkpoint.py."""
 
 import csv
 import logging
@@ -27,8 +27,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from gpt_lit.callbacks.last_checkpoint import CTRL_C_MESSAGE, LastCheckpoint
-from gpt_lit.checkpointing import AtomicCheckpointIO, NoRoomError
+from gpt_lit.run.last_checkpoint import CTRL_C_MESSAGE, LastCheckpoint
+from gpt_lit.run.saving import AtomicCheckpointIO, NoRoomError
 
 
 class OneWeight(L.LightningModule):

@@ -1,7 +1,7 @@
 """Run folders without a training run: which folder a checkpoint's run is, where test and predict write, the next
 run's folder, a resumed run's loggers, ``--ckpt_path`` without ``--config``, the best checkpoint a last.ckpt names.
 Folders and checkpoints made here by hand; in milliseconds, so that mutation testing (docs/testing.md) runs these for
-every mutant of gpt_lit/runs.py."""
+every mutant of gpt_lit/run/folders.py."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ import torch
 from jsonargparse import Namespace
 
 from gpt_lit.errors import GptLitError
-from gpt_lit.runs import (
+from gpt_lit.run.folders import (
     best_of,
     continue_run,
     log_beside_run,

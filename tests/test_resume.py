@@ -15,7 +15,7 @@ import torch
 from conftest import REPO, TINY, residual_without_diagnostics, scalars
 from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 RUN = [  # its diagnostics left out: the test reads none (the schedules below run them and compare their tags)
     "--config", residual_without_diagnostics(), *TINY, "--data.eval_train", "false",

@@ -20,7 +20,7 @@ from conftest import REPO, TINY
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_lit.book_source import SHIPPED_BOOK_DIR, load_book
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 WINDOWS = 44  # training windows of the short book (checked by the fixture)
 

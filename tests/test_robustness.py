@@ -14,7 +14,7 @@ import torch
 from conftest import TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 RUN = [  # its diagnostics left out: these tests read none
     "--config", residual_without_diagnostics(), *TINY,

@@ -1,4 +1,4 @@
-"""The run plan (gpt_lit/run_plan.py): ``--ckpt_path`` resolved and its file read once, before anything is built;
+"""The run plan (gpt_lit/run/plan.py): ``--ckpt_path`` resolved and its file read once, before anything is built;
 the CLI and the model only read the plan."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 from conftest import TINY
 from jsonargparse import Namespace
 
-from gpt_lit.cli import main
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
-from gpt_lit.run_plan import make_plan
+from gpt_lit.run.cli import main
+from gpt_lit.run.plan import make_plan
 
 CONFIG = GPTConfig(vocab_size=50257, context_length=32, emb_dim=32, n_heads=2, n_layers=2)
 LOADER_STATE = {"epoch": 0, "steps": 3, "epoch_done": False}

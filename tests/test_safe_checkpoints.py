@@ -19,9 +19,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
-from gpt_lit.checkpoint_reading import read_checkpoint
-from gpt_lit.cli import main
 from gpt_lit.model import GPTConfig
+from gpt_lit.run.cli import main
+from gpt_lit.run.reading import read_checkpoint
 
 RUN = [
     "--config", "residual", *TINY,  # the shipped config's callbacks, including its ModelCheckpoint

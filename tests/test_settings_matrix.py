@@ -34,7 +34,7 @@ from conftest import TINY, residual_without_throughput
 from lightning.pytorch.callbacks import Callback
 from test_fault_matrix import logged, one_thread
 
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 RUN = [
     "--config", residual_without_throughput(), *TINY, "--data.eval_batch_size", "8",

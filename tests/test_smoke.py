@@ -13,7 +13,7 @@ from conftest import TINY
 from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 pytestmark = pytest.mark.smoke
 

@@ -15,8 +15,8 @@ import torch
 from conftest import TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.cli import main
 from gpt_lit.module import GPTLightning
+from gpt_lit.run.cli import main
 
 RUN = [
     "--config", residual_without_diagnostics(), *TINY, "--data.eval_train", "false",

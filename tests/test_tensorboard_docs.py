@@ -52,7 +52,7 @@ def logged(tmp_path_factory) -> dict[str, list]:
     """Every tag the run's `fit` and its `test` on last.ckpt log, each with its events (scalars, images, texts)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gpt_lit.cli import main
+    from gpt_lit.run.cli import main
 
     root = tmp_path_factory.mktemp("tensorboard_docs")
     with pytest.MonkeyPatch.context() as patch:

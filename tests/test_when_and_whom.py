@@ -28,7 +28,7 @@ from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALA
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
 from gpt_lit.callbacks import ChapterFigures, LogitLens, PositionLoss, lens_losses
-from gpt_lit.cli import main
+from gpt_lit.run.cli import main
 
 RUN = [
     *TINY, "--data.eval_batch_size", "8", "--data.eval_train", "false", "--trainer.limit_val_batches", "2",

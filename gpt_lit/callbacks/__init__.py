@@ -1,14 +1,11 @@
-"""The chapter's diagnostics, each its own small Callback; the predict writer; the safety nets the CLI always adds."""
+"""The chapter's diagnostics, each its own small Callback; the predict writer."""
 
 from gpt_lit.callbacks.attention import AttentionMaps, block_attentions, row_entropy
 from gpt_lit.callbacks.figures import ChapterFigures
-from gpt_lit.callbacks.finite_loss import FiniteLoss
 from gpt_lit.callbacks.grad_norms import BlockGradNorms
-from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.callbacks.logit_lens import LogitLens, lens_losses
 from gpt_lit.callbacks.position_loss import PositionLoss
 from gpt_lit.callbacks.predictions import ContinuationWriter
-from gpt_lit.callbacks.rng_state import RNGState
 from gpt_lit.callbacks.runs_table import RunsTable
 from gpt_lit.callbacks.samples import Samples
 from gpt_lit.callbacks.similarity import PositionSimilarity, block_similarities, mean_position_similarity
@@ -21,12 +18,9 @@ __all__ = [
     "BlockGradNorms",
     "ChapterFigures",
     "ContinuationWriter",
-    "FiniteLoss",
-    "LastCheckpoint",
     "LogitLens",
     "PositionLoss",
     "PositionSimilarity",
-    "RNGState",
     "ResidualStream",
     "RunsTable",
     "Samples",

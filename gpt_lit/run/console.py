@@ -14,7 +14,7 @@ The model summary leaves out its FLOPs column when it has no FLOPs to show: Ligh
 model with an ``example_input_array``, and prints a column of zeros otherwise. The progress bar leaves out
 ``v_num``, the logger's version number (the run folder's ``version_N``, printed once when the run starts). Both are
 given to the Trainer as its callbacks (``quiet_callbacks``), in place of Lightning's defaults; a bar or summary the
-config lists is used as given (``gpt_lit.console.QuietRichProgressBar`` there takes RichProgressBar's arguments).
+config lists is used as given (``gpt_lit.run.console.QuietRichProgressBar`` there takes RichProgressBar's arguments).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from gpt_lit.checkpoint_reading import read_checkpoint
 from gpt_lit.errors import GptLitError
+from gpt_lit.run.reading import read_checkpoint
 
 PROG = "python -m gpt_lit"
 # ckpt_path values Lightning resolves itself rather than reading a file

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-from gpt_lit.checkpointing import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
+from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
 
 CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from gpt_lit.cli_keys import cli_key
 from gpt_lit.errors import GptLitError, one_line, say
 from gpt_lit.model import GPTConfig
+from gpt_lit.run.cli_keys import cli_key
 
 # Types beyond torch's own allowlist that a gpt_lit checkpoint may hold: plain data, whose unpickling runs none
 # of the file's code. Process-wide, so Lightning's own restore (Trainer.fit/validate/test/predict with
@@ -121,7 +121,7 @@ def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], boo
 @dataclasses.dataclass(frozen=True)
 class CheckpointContents:
     """What the checks before a restore need of a checkpoint, kept without its tensors (which would keep the
-    memory-mapped file open for the whole run): read once, by the run plan (gpt_lit/run_plan.py)."""
+    memory-mapped file open for the whole run): read once, by the run plan (gpt_lit/run/plan.py)."""
 
     config: dict[str, Any]  # the GPTConfig fields in its hyperparameters ({} when it has none)
     shapes: dict[str, tuple[int, ...]]  # each state_dict tensor's shape

@@ -6,8 +6,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
 from gpt_lit.errors import GptLitError
+from gpt_lit.run.last_checkpoint import LastCheckpoint
 
 
 class FiniteLoss(Callback):

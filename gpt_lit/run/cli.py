@@ -5,19 +5,18 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints ho
 
 ``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
 Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
-gpt_lit/callbacks/last_checkpoint.py and gpt_lit/checkpointing.py), unless ``--trainer.enable_checkpointing false``.
+gpt_lit/run/last_checkpoint.py and gpt_lit/run/saving.py), unless ``--trainer.enable_checkpointing false``.
 ``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
 predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.run_config).
 ``validate``, ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a
 Hugging Face GPT-2 folder (gpt_lit/export.py). Every checkpoint is loaded as data (``weights_only``; see
-gpt_lit/checkpoint_reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
-does with its checkpoint is decided once, as the command line is parsed: the run plan (gpt_lit/run_plan.py), which
+gpt_lit/run/reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
+does with its checkpoint is decided once, as the command line is parsed: the run plan (gpt_lit/run/plan.py), which
 the hooks after it only read.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import pickle
 import sys
@@ -27,7 +26,6 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import lightning.pytorch as pl
-from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import Checkpoint
@@ -37,59 +35,22 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from gpt_lit.callbacks.finite_loss import FiniteLoss
-from gpt_lit.callbacks.last_checkpoint import LastCheckpoint
-from gpt_lit.callbacks.rng_state import RNGState
-from gpt_lit.checkpoint_reading import TRUST_HELP, check_architecture, refusal
-from gpt_lit.checkpointing import AtomicCheckpointIO, BackgroundCheckpointIO
-from gpt_lit.console import quiet_callbacks, quiet_console
 from gpt_lit.data import TimeMachineData
-from gpt_lit.error_source import error_line
-from gpt_lit.errors import GptLitError, check_accelerator, fail, one_line, raised_by_lightning
+from gpt_lit.errors import GptLitError, check_accelerator, fail, raised_by_lightning
 from gpt_lit.export import ExportingTrainer
 from gpt_lit.module import GPTLightning
 from gpt_lit.pretrained import fetch
 from gpt_lit.prompts import read_prompts
-from gpt_lit.run_plan import RunPlan, make_plan
-from gpt_lit.runs import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run, run_config
-from gpt_lit.shipped_configs import LINKS, ConfigFile, shipped_configs
+from gpt_lit.run.console import quiet_callbacks, quiet_console
+from gpt_lit.run.finite_loss import FiniteLoss
+from gpt_lit.run.folders import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run
+from gpt_lit.run.last_checkpoint import LastCheckpoint
+from gpt_lit.run.parser import LINKS, ConfigFile, GPTLitParser, shipped_configs
+from gpt_lit.run.plan import RunPlan, make_plan
+from gpt_lit.run.reading import TRUST_HELP, check_architecture, refusal
+from gpt_lit.run.rng_state import RNGState
+from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO
 from gpt_lit.tokenizer import vocab_size
-
-
-class GPTLitParser(LightningArgumentParser):
-    """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage,
-    naming the config file and line, or the command-line option, it came from (``error_line``); and the parser of
-    validate/test/predict/export takes a run's checkpoint's own config.yaml as its defaults when no ``--config``
-    is given (``runs.run_config``)."""
-
-    def __init__(self, *args: Any, read: list[str] | None = None, **kwargs: Any) -> None:
-        """``read``: the config files read so far (ConfigFile's), shared by the parser and its subcommands'."""
-        super().__init__(*args, **kwargs)
-        self.read = [] if read is None else read
-        self.reading: str | None = None  # the config file being read
-
-    def parse_args(self, args: Any = None, namespace: Any = None, **kwargs: Any) -> Namespace:
-        config = super().parse_args(args, namespace, **kwargs)
-        found = run_config(getattr(self, "subcommand", None), config)  # jsonargparse names a subcommand's parser
-        if found is None:
-            return config
-        self.default_config_files = [glob.escape(found[0])]  # under the command line, as a --config given first
-        config = super().parse_args(args, namespace, **kwargs)
-        config.ckpt_path = found[1]  # "last"/"best" as found in the run
-        return config
-
-    def add_method_arguments(self, *args: Any, **kwargs: Any) -> list[str]:
-        """A subcommand's arguments (Trainer.fit's, ...); with ``--ckpt_path`` among them, the model learns from it
-        that a checkpoint gives every weight (GPTLightning's ``weights_from_checkpoint``, linked)."""
-        added = super().add_method_arguments(*args, **kwargs)
-        if "ckpt_path" in added and "model.weights_from_checkpoint" in self.get_defaults():
-            self.link_arguments("ckpt_path", "model.weights_from_checkpoint", compute_fn=bool)
-        return added
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error:  # jsonargparse is trying alternatives internally: let it
-            super().error(message, ex)
-        fail(error_line(one_line(message), ex, self.reading, self.read))
 
 
 def check_writable(trainer: Trainer) -> None:
@@ -108,7 +69,7 @@ def check_writable(trainer: Trainer) -> None:
 
 
 class GPTLitCLI(LightningCLI):
-    """LightningCLI over GPTLightning and TimeMachineData: the run plan (gpt_lit/run_plan.py) made as the command
+    """LightningCLI over GPTLightning and TimeMachineData: the run plan (gpt_lit/run/plan.py) made as the command
     line is parsed, read by the hooks after it; Ctrl-C and SIGTERM in a subcommand end with how to resume."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

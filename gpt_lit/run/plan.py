@@ -3,9 +3,9 @@
 ``make_plan`` reads the parsed configuration of the subcommand and answers, in one place: which checkpoint
 (``--ckpt_path last`` / ``best`` resolved to the newest run's file), whether it may be trusted and so how
 Lightning's restore loads it (``weights_only``), what it holds that the checks before the restore need (read
-once, as data unless trusted: gpt_lit/checkpoint_reading.py), the run folder it belongs to, and the command
+once, as data unless trusted: gpt_lit/run/reading.py), the run folder it belongs to, and the command
 line that started it all. The CLI makes the plan as it parses the command line and hands it on; the others
-(the model, the run folders' rules in gpt_lit/runs.py, the checks before a restore) only read it. The walk of
+(the model, the run folders' rules in gpt_lit/run/folders.py, the checks before a restore) only read it. The walk of
 ``--ckpt_path`` goes one way: command line -> plan -> readers.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from gpt_lit.checkpoint_reading import TRUST_OPTION, CheckpointContents, contents_of, read_checkpoint
 from gpt_lit.errors import GptLitError
-from gpt_lit.runs import LIGHTNING_CKPT_NAMES, checkpoints_dirpath, latest_checkpoint, run_of, runs_folder
+from gpt_lit.run.folders import LIGHTNING_CKPT_NAMES, checkpoints_dirpath, latest_checkpoint, run_of, runs_folder
+from gpt_lit.run.reading import TRUST_OPTION, CheckpointContents, contents_of, read_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
