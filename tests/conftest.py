@@ -188,13 +188,10 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def figure_pixels(fig):
-    """A matplotlib figure drawn in full by a new Agg canvas, as TensorBoard's ``add_figure`` draws it: (height,
-    width, 3) uint8 RGB, to compare with an image a run wrote."""
+    """A figure drawn by a new Agg canvas, as ``add_figure`` draws it: (height, width, 3) uint8 RGB."""
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
+    (canvas := FigureCanvasAgg(fig)).draw()
     return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
 
 
