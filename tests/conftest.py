@@ -187,6 +187,14 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def figure_pixels(fig):
+    """A figure drawn by a new Agg canvas, as ``add_figure`` draws it: (height, width, 3) uint8 RGB."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    (canvas := FigureCanvasAgg(fig)).draw()
+    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
+
+
 def windows_by_hand(ids, context_length: int, stride: int):
     """(inputs, targets) of every window, counted by hand: a window starts at s when s + context_length + 1 <= len(ids)
     (its target needs one token more), at s = 0, stride, 2 * stride, ..."""

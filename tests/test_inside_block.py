@@ -117,8 +117,9 @@ def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw(n_heads, n_to
     """Every block's image after the first, and later epochs, are put together from saved pixels and the weights
     painted anew: the pixels must be a full draw's. Also past the widest texts the figure makes room for (block 100,
     epoch 1,000 at step 10^7), where the title and "when" are drawn for each image."""
+    from conftest import figure_pixels
+
     from gpt_lit.callbacks.attention import AttentionFigure, attention_figure, attention_when
-    from gpt_lit.callbacks.figures import figure_pixels
 
     labels = [f"t{i}" for i in range(n_tokens)]
     shape = (n_heads, n_tokens, n_tokens)
@@ -134,14 +135,16 @@ def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw(n_heads, n_to
             assert np.array_equal(figure.pixels(weights, block, epoch, step), figure_pixels(full)), (block, epoch)
 
 
-def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure():
-    from gpt_lit.callbacks.figures import (
-        ReusedFigure,
-        figure_pixels,
-        grad_norm_figure,
-        loss_figure,
-        similarity_figure,
-    )  # fmt: skip
+def test_a_figure_drawn_again_each_epoch_into_the_same_axes_reaches_tensorboard_as_a_new_figure(tmp_path):
+    """Each chart is one figure, emptied and drawn again after every validation: the image TensorBoard reads back
+    (decoded by Pillow, its size and pixels) must be what a new figure of the same data draws."""
+    import io
+
+    from conftest import figure_pixels
+    from PIL import Image
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gpt_lit.callbacks.figures import ReusedFigure, add_figure, grad_norm_figure, loss_figure, similarity_figure
     from gpt_lit.callbacks.logit_lens import lens_figure
     from gpt_lit.callbacks.position_loss import position_figure
     from gpt_lit.callbacks.stream import stream_figure
@@ -164,37 +167,21 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_equals_a_new_figure(
             [{**e, "embeddings": 0.3, "rms": [0.31 + 0.01 * e["epoch"], 0.45, 0.6]} for e in epochs[:n]], True, into
         ),
     }
+    writer = SummaryWriter(str(tmp_path))
     for name, draw in figures.items():
         reused = ReusedFigure()
-        for n in range(1, 6):  # from the third on, the static texts are put back, not drawn
-            again = figure_pixels(draw(n, reused))
-            assert np.array_equal(again, figure_pixels(draw(n, None))), (name, n)
-
-
-def test_a_figure_reaches_tensorboard_pixel_for_pixel(tmp_path):
-    """Figures go to TensorBoard as PNGs that gpt_lit writes itself (faster than add_image's Pillow): an independent
-    decoder (Pillow's) must read exactly the pixels that were drawn, with their size."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-    from torch.utils.tensorboard import SummaryWriter
-
-    from gpt_lit.callbacks.figures import add_png, figure_pixels, similarity_figure
-
-    noise = np.random.default_rng(0).integers(0, 256, size=(30, 50, 3), dtype=np.uint8)
-    drawn = figure_pixels(similarity_figure([{"epoch": 0, "blocks": [0.9, 0.5, 0.2]}]))  # flat colours and text
-    writer = SummaryWriter(str(tmp_path))
-    add_png(writer, "figures/x", noise, step=7)
-    add_png(writer, "figures/y", drawn, step=9)
+        for n in range(1, 6):
+            add_figure([writer], name, draw(n, reused), n)
     writer.close()
-    events = EventAccumulator(str(tmp_path))
+    events = EventAccumulator(str(tmp_path), size_guidance={IMAGES: 0})
     events.Reload()
-    for tag, pixels, step in (("figures/x", noise, 7), ("figures/y", drawn, 9)):
-        [image] = events.Images(tag)
-        assert (image.step, image.width, image.height) == (step, pixels.shape[1], pixels.shape[0])
-        decoded = Image.open(io.BytesIO(image.encoded_image_string))
-        assert decoded.mode == "RGB" and np.array_equal(np.asarray(decoded), pixels)
+    for name, draw in figures.items():
+        images = events.Images(name)
+        assert [image.step for image in images] == [1, 2, 3, 4, 5], name
+        for n, image in enumerate(images, 1):
+            new = figure_pixels(draw(n, None))
+            assert (image.height, image.width) == new.shape[:2] == (400, 700), (name, n)
+            assert np.array_equal(np.asarray(Image.open(io.BytesIO(image.encoded_image_string))), new), (name, n)
 
 
 def test_row_entropy_in_nats():
@@ -397,10 +384,10 @@ def test_each_blocks_attention_image_is_a_drawing_of_its_own_weights(runs):
     on the final model (the first validation window's first tokens, in the pass over the probe's windows)."""
     import io
 
+    from conftest import figure_pixels
     from PIL import Image
 
     from gpt_lit.callbacks.attention import attention_figure, token_labels
-    from gpt_lit.callbacks.figures import figure_pixels
 
     (acc, module), _ = runs
     probe = AttentionMaps()  # the shipped config's: the defaults

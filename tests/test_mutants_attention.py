@@ -79,7 +79,7 @@ def tensorboard_trainer(tmp_path):
 
 
 def test_after_a_validation_each_blocks_entropy_and_image_reach_tensorboard(tmp_path):
-    from gpt_lit.callbacks.figures import figure_pixels
+    from conftest import figure_pixels
 
     trainer, logger = tensorboard_trainer(tmp_path)
     probe = AttentionMaps(num_tokens=4)
@@ -221,7 +221,7 @@ def test_a_short_sentences_figure_is_as_wide_as_its_title_and_when_need(n_heads,
 
 
 def test_a_second_run_in_the_process_reuses_the_figure_and_draws_what_a_full_draw_draws():
-    from gpt_lit.callbacks.figures import figure_pixels
+    from conftest import figure_pixels
 
     labels = ("The", " Time", " Trave", "ller", " said", ",")
     first = attention_figure_for(labels, n_heads=2)
@@ -236,7 +236,7 @@ def test_a_second_run_in_the_process_reuses_the_figure_and_draws_what_a_full_dra
 
 def test_a_validation_within_an_epoch_is_drawn_with_its_step():
     # val_check_interval 0.5: the validation in the middle of epoch 1, at step 7, reads "epoch 1, step 7"
-    from gpt_lit.callbacks.figures import figure_pixels
+    from conftest import figure_pixels
 
     labels = [f" w{i}" for i in range(24)]
     weights = causal_weights(2, 24)

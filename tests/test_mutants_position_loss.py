@@ -102,7 +102,8 @@ def validated(callback, trainer, step: int, epoch: float, values: list[float] | 
 
 
 def drawing(history, floor=None, last=3) -> np.ndarray:
-    from gpt_lit.callbacks.figures import figure_pixels
+    from conftest import figure_pixels
+
     from gpt_lit.callbacks.position_loss import position_figure
 
     return figure_pixels(position_figure(history, floor, last=last))

@@ -13,7 +13,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from gpt_lit.callbacks.block_pass import BlockRecord, record_blocks
-from gpt_lit.callbacks.figures import add_png
 from gpt_lit.callbacks.probe import ValidationProbe
 from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
 from gpt_lit.model import GPT
@@ -265,4 +264,6 @@ class AttentionMaps(ValidationProbe):
         if writers:
             figure = attention_figure_for(tuple(self.labels), n_heads=len(sentence[0]))  # drawn in full once
             for i, weights in enumerate(sentence, 1):
-                add_png(writers, f"attention/block_{i}", figure.pixels(weights, i, epoch, step), step)
+                pixels = figure.pixels(weights, i, epoch, step)
+                for writer in writers:
+                    writer.add_image(f"attention/block_{i}", pixels, step, dataformats="HWC")

@@ -1,25 +1,20 @@
 """The chapter's figures, redrawn after every validation into TensorBoard's Images tab: how each is drawn (the
-instruments draw their own), the figure reused from one validation to the next, PNG encoding, and ``ChapterFigures``
-(the loss figure)."""
+instruments draw their own), the figure reused from one validation to the next, and ``ChapterFigures`` (the loss
+figure)."""
 
 from __future__ import annotations
 
 import math
-import struct
-import zlib
-from collections.abc import Sequence
 from typing import Any
 from weakref import WeakKeyDictionary
 
 import lightning as L
 import numpy as np
 from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure  # a bare Figure on the Agg canvas: no pyplot, no GUI backend, no global state
 from matplotlib.ticker import MaxNLocator
-from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
@@ -98,28 +93,16 @@ def epochs_axes(legend: bool = True, into: ReusedFigure | None = None) -> tuple[
 
 
 class ReusedFigure:
-    """One figure drawn again after every epoch: the same matplotlib Figure, Axes and Agg canvas each time, emptied
-    of the lines, texts and legend the last epoch drew, so that its axes and ticks are not made anew, nor its texts
-    laid out on a new canvas, each time.
-
-    Its parts that stay the same from epoch to epoch (the title, the legend right of the axes, the colour bar:
-    ``static``; and the x axis with the axes' background where the axis shows the same, as the depth axes do:
-    ``x_axis``) are drawn once: ``pixels`` puts the saved picture of them back (matplotlib's
-    blitting: ``copy_from_bbox``, ``restore_region``) and draws the rest of the axes over it (``draw_artist``),
-    whenever they are as when saved. The pixels equal a new figure's (tests check)."""
+    """One chart drawn again after every epoch: the same matplotlib Figure and Axes each time, emptied of the lines,
+    texts and legend the last epoch drew, so that its axes, ticks and colour bar are not made anew."""
 
     def __init__(self) -> None:
         self.fig: Figure | None = None
         self.ax: Any = None
-        self.drawn: tuple | None = None  # the static parts (``key``) of the last full draw
-        self.background: Any = None  # the saved picture of the static parts
-        self.saved: tuple | None = None  # what they showed (``key``) when saved
 
     def axes(self, legend: bool) -> tuple[Figure, Any]:
         if self.fig is None:
             self.fig, self.ax = epochs_axes(legend)
-            FigureCanvasAgg(self.fig)  # kept as fig.canvas, with its renderer and its text layout cache
-            _REUSED[self.fig] = self
             return self.fig, self.ax
         ax = self.ax
         for artist in [*ax.lines, *ax.collections, *ax.texts, *ax.patches, *ax.images]:
@@ -129,65 +112,6 @@ class ReusedFigure:
         ax.relim()  # no data: the limits follow the next lines, as a new axes' would
         ax.set_autoscale_on(True)
         return self.fig, ax
-
-    def static(self) -> list[Any]:
-        """The axes' title (its place is fixed: ``TITLE``'s y), and its legend if it stands right of the axes (one
-        inside would be covered by the axes' background). The axis labels move to clear each epoch's tick labels:
-        they are drawn with the axes."""
-        legend = self.ax.get_legend()
-        outside = legend is not None and legend.get_bbox_to_anchor().x0 >= self.ax.bbox.x1
-        return [self.ax.title, *([legend] if outside else [])]
-
-    def key(self) -> tuple:
-        """What the static texts and the colour bar show: when it changes, they are drawn anew."""
-        static = self.static()
-        texts = [static[0].get_text()] + [t.get_text() for legend in static[1:] for t in legend.texts]
-        colourbar = _COLOURBARS.get(self.fig)
-        return (*texts, len(static), colourbar[0] if colourbar else None, len(self.fig.axes), self.x_axis())
-
-    def x_axis(self) -> tuple | None:
-        """What the x axis will show (limits, scale, ticks and their labels, its label), or None where another
-        artist of the axes is drawn before it (a lower zorder), so it cannot be put back with the background.
-
-        The x axis (its ticks, labels and vertical grid lines) is drawn right after the axes' background and
-        before everything else of the axes (``Axes.draw`` sorts by zorder: the axes at 1.5, lines at 2), and its
-        pixels depend on the x limits alone; the y axis that follows is drawn over it in either case."""
-        ax, axis = self.ax, self.ax.xaxis
-        others = [a for a in ax.get_children() if a not in (ax.patch, axis, ax.yaxis)]
-        if any(a.get_visible() and a.get_zorder() <= axis.get_zorder() for a in others) or not axis.get_visible():
-            return None
-        major, minor = axis.get_majorticklocs(), axis.get_minorticklocs()
-        labels = (tuple(axis.major.formatter.format_ticks(major)), tuple(axis.minor.formatter.format_ticks(minor)))
-        return (ax.get_xlim(), ax.get_xscale(), tuple(major), tuple(minor), labels, axis.label.get_text())
-
-    def pixels(self) -> np.ndarray:
-        """The figure as a full draw would give it, (height, width, 3) uint8 RGB."""
-        canvas, key = self.fig.canvas, self.key()
-        axis = [self.ax.patch, self.ax.xaxis] if key[-1] is not None else []  # drawn first, in this order
-        if self.background is not None and key == self.saved:
-            canvas.restore_region(self.background)
-            static = self.static() + axis
-            for artist in static:
-                artist.set_visible(False)
-            try:
-                self.fig.draw_artist(self.ax)
-            finally:
-                for artist in static:
-                    artist.set_visible(True)
-            return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
-        pixels = figure_pixels_drawn(self.fig)
-        if key == self.drawn:  # the same static parts twice in a row: save them for the epochs to come
-            self.ax.set_visible(False)
-            canvas.draw()  # the figure's background and the other axes (the colour bar)
-            self.ax.set_visible(True)
-            for artist in self.static() + axis:
-                self.fig.draw_artist(artist)
-            self.background, self.saved = canvas.copy_from_bbox(self.fig.bbox), key
-        self.drawn = key
-        return pixels
-
-
-_REUSED: WeakKeyDictionary[Figure, ReusedFigure] = WeakKeyDictionary()  # figure: the ReusedFigure that draws it
 
 
 def run_epochs(trainer: L.Trainer) -> int | None:
@@ -273,52 +197,11 @@ def finish_epochs_axes(
         epoch_colourbar(ax.figure, first, last_epoch(history, last), floor is not None)
 
 
-def png_bytes(pixels: np.ndarray) -> bytes:
-    """(height, width, 3) uint8 RGB as a PNG file: every row unfiltered (filter type 0), zlib at level 1.
-
-    Pillow's PNG encoder tries five filters on every row and keeps the best; for these figures (flat colours,
-    text) that search was most of the time and bought little (docs/performance.md). This writes the three chunks
-    the PNG specification requires (IHDR, IDAT, IEND), with no search.
-    """
-    height, width, _ = pixels.shape
-    rows = np.empty((height, 1 + 3 * width), dtype=np.uint8)  # each row: its filter byte (0: none), then RGB
-    rows[:, 0] = 0
-    rows[:, 1:] = pixels.reshape(height, 3 * width)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, colour type 2 (RGB), no interlace
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b"")
-
-
-def add_png(writers: SummaryWriter | Sequence[SummaryWriter], tag: str, pixels: np.ndarray, step: int) -> None:
-    """``writer.add_image(tag, pixels, step, dataformats="HWC")`` into each of ``writers`` for (height, width, 3)
-    uint8 RGB, the PNG written once by ``png_bytes`` (add_image has Pillow encode it, slower)."""
-    height, width, channels = pixels.shape
-    image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png_bytes(pixels))
-    for writer in [writers] if isinstance(writers, SummaryWriter) else writers:
-        writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-
-
-def figure_pixels(fig: Figure) -> np.ndarray:
-    """The figure drawn by matplotlib's Agg canvas: (height, width, 3) uint8 RGB; a ``ReusedFigure``'s by its
-    ``pixels``."""
-    reused = _REUSED.get(fig)
-    return reused.pixels() if reused is not None else figure_pixels_drawn(fig)
-
-
-def add_figure(writers: SummaryWriter | Sequence[SummaryWriter], tag: str, fig: Figure, step: int) -> None:
-    """``fig``'s pixels (``figure_pixels``, drawn once) into each writer's Images tab as ``tag`` at ``step``
-    (``add_png``)."""
-    add_png(writers, tag, figure_pixels(fig), step)
-
-
-def figure_pixels_drawn(fig: Figure) -> np.ndarray:
-    """The figure drawn in full by matplotlib's Agg canvas: (height, width, 3) uint8 RGB."""
-    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
+def add_figure(writers: list[SummaryWriter], tag: str, fig: Figure, step: int) -> None:
+    """``fig`` into each writer's Images tab as ``tag`` at ``step`` (``SummaryWriter.add_figure``), kept open to be
+    drawn again after the next validation."""
+    for writer in writers:
+        writer.add_figure(tag, fig, step, close=False)
 
 
 class ChapterFigures(AfterValidation):

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
@@ -87,6 +88,21 @@ def session_end_summary(status: int) -> Summary:
     return hparams_summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
 
 
+def add_summaries(trainer: L.Trainer, *summaries: Summary) -> None:
+    """``summaries`` into the event file of every TensorBoard writer of ``trainer``, flushed. A writer that Lightning
+    closed at the end of an earlier run of the Trainer (``validate``, then ``fit``) gets them in a new event file in
+    its folder, as torch's ``add_hparams`` writes its own (SummaryWriter has no call that adds a summary)."""
+    for writer in tensorboard_writers(trainer):
+        closed = writer.file_writer is None
+        into = SummaryWriter(writer.get_logdir()) if closed else writer
+        for summary in summaries:
+            into.file_writer.add_summary(summary)
+        if closed:
+            into.close()
+        else:
+            into.flush()
+
+
 class RunsTable(AfterValidation):
     def __init__(self, first: list[str] | None = None) -> None:
         """Record the run in TensorBoard's HParams tab: one row per ``fit``, comparable across runs.
@@ -113,9 +129,7 @@ class RunsTable(AfterValidation):
             return
         settings = run_settings(trainer, pl_module)
         self.started = True
-        for writer in tensorboard_writers(trainer):
-            writer.file_writer.add_summary(experiment_summary(settings, self.first))
-            writer.file_writer.add_summary(session_start_summary(settings))
+        add_summaries(trainer, experiment_summary(settings, self.first), session_start_summary(settings))
         for logger in trainer.loggers:
             if not isinstance(logger, TensorBoardLogger):
                 logger.log_hyperparams(settings)
@@ -128,9 +142,7 @@ class RunsTable(AfterValidation):
         log_scalars(trainer, {"loss/val_best": self.best}, validation.step)
 
     def _end(self, trainer: L.Trainer, status: int) -> None:
-        for writer in tensorboard_writers(trainer):
-            writer.file_writer.add_summary(session_end_summary(status))
-            writer.flush()
+        add_summaries(trainer, session_end_summary(status))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._end(trainer, api_pb2.STATUS_SUCCESS)

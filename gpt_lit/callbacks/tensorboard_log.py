@@ -6,8 +6,6 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard import SummaryWriter
 
-from gpt_lit.event_checksums import use_c_checksums
-
 
 def is_fresh_start(trainer: L.Trainer) -> bool:
     """True at the start of a new run; False when ``fit`` resumed from a checkpoint (``trainer.ckpt_path``: the run
@@ -26,20 +24,8 @@ def log_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> Non
 
 def tensorboard_writers(trainer: L.Trainer) -> list[SummaryWriter]:
     """The ``SummaryWriter`` of every TensorBoardLogger the trainer has, on the main process (none elsewhere, or
-    during the sanity check): images, text and figures go to each; the other loggers take none.
-
-    Each writer's event file is open (its public ``file_writer``, to which summaries are added directly): Lightning
-    closes it when a run of the Trainer ends (``logger.finalize``), and a later run of the same Trainer opens it
-    again here, as torch's own ``add_*`` methods do. Their records are checksummed in C from here on
-    (``use_c_checksums``): the images the diagnostics write would otherwise be checksummed in pure Python, slowing
-    the diagnostics that run meanwhile."""
+    during the sanity check): images, text and figures go to each (its ``add_*`` calls); the other loggers take
+    none."""
     if not trainer.is_global_zero or trainer.sanity_checking:
         return []
-    writers = [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-    for writer in writers:
-        if writer.file_writer is None:  # closed by the end of an earlier run
-            writer.add_scalars("", {})  # opens the event file again (every add_* does), and adds nothing to it
-    if writers:
-        use_c_checksums()
-    return writers
-
+    return [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
