@@ -176,12 +176,6 @@ def test_early_stopping_mid_epoch_saves_where_a_longer_run_goes_on_exactly(tmp_p
 
 
 @pytest.mark.parametrize("val_batches", ["1", "0"], ids=["validated", "no_validation"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="Lightning's restore from an epoch's end (last.ckpt's on_train_epoch_end save) counts that epoch twice "
-    "under max_steps; saving after the epoch's last step or validation instead leaves last.ckpt naming a best file "
-    "that the monitored ModelCheckpoint's epoch-end save replaces (--ckpt_path best fails), so it is not fixed yet",
-)
 def test_an_epochs_end_without_max_steps_resumed_with_max_steps_goes_on_as_one_run(tmp_path, val_batches):
     # One epoch of 3 steps saved without max_steps, resumed with max_steps 5: epoch 1's first 2 steps, as in one
     # run with max_steps 5 (each step logged once, at its own step; the same weights).
@@ -205,11 +199,6 @@ def test_an_epochs_end_without_max_steps_resumed_with_max_steps_goes_on_as_one_r
         torch.testing.assert_close(final["state_dict"][name], weight, atol=1e-5, rtol=0, msg=name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="last.ckpt is saved after the last step's validation, before the monitored ModelCheckpoint's epoch-end "
-    "save replaces its best file, so last.ckpt names a best file that is gone",
-)
 def test_max_steps_at_an_epochs_end_then_test_best_uses_the_best_file(tmp_path):
     logs = ["--trainer.logger.init_args.save_dir", str(tmp_path)]
     main(["fit", *RUN, *logs, "--trainer.max_steps", "6"])  # 3 epochs of 2 steps: ends at epoch 2's end
