@@ -127,8 +127,8 @@ STEPS = [
     sigterm(1),
     sigterm(0),
 ]  # fmt: skip
-# Process 0's disk fills in epoch 1: its saves after that epoch's validation fail, the new best's first (the limit stays: the
-# last step, after STEPS and the resumes of ``resume_steps``).
+# Process 0's disk fills in epoch 1: its saves after that epoch's validation fail, the new best's first (the limit
+# stays: the last step, after STEPS and the resumes of ``resume_steps``).
 FULL_DISK = (
     "full_disk", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", "--data.eval_train", "false",
                    "--trainer.limit_val_batches", "1", "--trainer.callbacks", "[]",  # the best file's and last.ckpt's
