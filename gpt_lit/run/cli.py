@@ -7,7 +7,7 @@ no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints ho
 Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
 gpt_lit/run/last_checkpoint.py and gpt_lit/run/saving.py), unless ``--trainer.enable_checkpointing false``.
 ``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
-predict and export without ``--config`` use the checkpoint's run's own config.yaml (runs.run_config).
+predict and export without ``--config`` use the checkpoint's run's own config.yaml (folders.run_config).
 ``validate``, ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a
 Hugging Face GPT-2 folder (gpt_lit/export.py). Every checkpoint is loaded as data (``weights_only``; see
 gpt_lit/run/reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
@@ -243,7 +243,7 @@ class GPTLitCLI(LightningCLI):
         command = "python -m gpt_lit fit" + (f" --config {config}" if os.path.isfile(config) else " <same arguments>")
         command += f" --ckpt_path {last.saved_path}"
         if isinstance(self.trainer.logger, TensorBoardLogger) and len(self.trainer.loggers) == 1:  # the same run
-            # (several loggers go on in the checkpoint's run folder by themselves: runs.continue_run)
+            # (several loggers go on in the checkpoint's run folder by themselves: folders.continue_run)
             command += f" --trainer.logger.init_args.version {last.logger_version}"
         return f"; resume with: {command}"
 

@@ -2,7 +2,7 @@
 
 Two fields come from the data module (the CLI links them): ``context_length`` from ``data.context_length`` and
 ``vocab_size`` from the data's tokenizer; every other field is ``model.config.<field>``. Checking a checkpoint's
-architecture (checkpoint_reading.py) and GPT-2's released weights (pretrained.py) both name fields through here.
+architecture (reading.py) and GPT-2's released weights (pretrained.py) both name fields through here.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Four messages are dropped, each matched exactly (every other warning and log lin
   ``_pytree`` helper triggers once in every process;
 - Lightning's CSVLogger's "Experiment logs directory ... exists and is not empty. Previous log files in this
   directory will be deleted", which it says whenever another logger of the run wrote into the run's one folder
-  first (runs.one_folder_per_run); it deletes only its own metrics.csv, whose rows a resume keeps.
+  first (folders.one_folder_per_run); it deletes only its own metrics.csv, whose rows a resume keeps.
 
 The model summary leaves out its FLOPs column when it has no FLOPs to show: Lightning counts them only for a
 model with an ``example_input_array``, and prints a column of zeros otherwise. The progress bar leaves out

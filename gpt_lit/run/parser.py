@@ -122,7 +122,7 @@ class GPTLitParser(LightningArgumentParser):
     """jsonargparse's parser, but a bad argument or config key prints one ``error:`` line instead of the usage,
     naming the config file and line, or the command-line option, it came from (``error_line``); and the parser of
     validate/test/predict/export takes a run's checkpoint's own config.yaml as its defaults when no ``--config``
-    is given (``runs.run_config``)."""
+    is given (``folders.run_config``)."""
 
     def __init__(self, *args: Any, read: list[str] | None = None, **kwargs: Any) -> None:
         """``read``: the config files read so far (ConfigFile's), shared by the parser and its subcommands'."""
