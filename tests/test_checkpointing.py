@@ -53,7 +53,7 @@ def test_last_is_the_final_state_whatever_model_checkpoints_the_config_lists(tmp
     names = sorted(p.name for p in ckpts.iterdir())
     assert "last.ckpt" in names and "best-epoch00.ckpt" in names and not [n for n in names if "last-v" in n], names
     assert len([n for n in names if n.startswith("step")]) == 2
-    assert loops(ckpts / "last.ckpt") == (6, 2)  # all 3 x 2 steps (and the last validation; its end runs on a resume)
+    assert loops(ckpts / "last.ckpt") == (6, 3)  # all 3 x 2 steps, and the last epoch's end
     assert loops(ckpts / "best-epoch00.ckpt")[0] == 2
     # --ckpt_path last is last.ckpt (the newest run: version_0 only here); best is ambiguous with two monitors
     assert latest_checkpoint(tmp_path / "residual", "last") == str(ckpts / "last.ckpt")
@@ -72,7 +72,7 @@ def test_a_config_without_a_model_checkpoint_still_saves_last(tmp_path):
           "--trainer.logger.init_args.save_dir", str(tmp_path)])  # fmt: skip
     ckpts = tmp_path / "residual" / "version_0" / "checkpoints"
     assert [p.name for p in ckpts.iterdir()] == ["last.ckpt"]
-    assert loops(ckpts / "last.ckpt") == (2, 0)  # before the epoch's end hooks
+    assert loops(ckpts / "last.ckpt") == (2, 1)
 
 
 def test_ckpt_path_best_is_the_file_of_the_model_checkpoint_with_a_monitor(tmp_path):
@@ -140,8 +140,8 @@ def test_a_logger_without_a_folder_of_its_own_gives_each_run_its_last_checkpoint
         logger = {"class_path": "no_folder.NoFolder", "init_args": {"save_dir": str(tmp_path), "version": version}}
         main(["fit", "--config", str(config), *RUN, "--trainer.max_epochs", "1", "--trainer.limit_train_batches",
               str(1 if version == "run-a" else 2), "--trainer.logger", json.dumps(logger)])  # fmt: skip
-    assert loops(tmp_path / "runs/run-a/checkpoints/last.ckpt") == (1, 0)
-    assert loops(tmp_path / "runs/run-b/checkpoints/last.ckpt") == (2, 0)
+    assert loops(tmp_path / "runs/run-a/checkpoints/last.ckpt") == (1, 1)
+    assert loops(tmp_path / "runs/run-b/checkpoints/last.ckpt") == (2, 1)
     assert not (tmp_path / "checkpoints").exists()
 
 

@@ -107,7 +107,7 @@ LAST = ["--config", "lightning_logs/residual/version_0/config.yaml",
         "--ckpt_path", "lightning_logs/residual/version_0/checkpoints/last.ckpt"]  # fmt: skip
 POISON_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.PoisonOneProcess", "init_args": {"step": 3, "rank": 1}}'
 SHIPPED_BEST = json.dumps({"class_path": "ModelCheckpoint", "init_args": {
-    "monitor": "loss/val", "filename": "best-epoch{epoch:02d}", "save_on_train_epoch_end": False,
+    "monitor": "loss/val", "filename": "best-epoch{epoch:02d}",
     "auto_insert_metric_name": False}})  # fmt: skip
 
 
@@ -128,8 +128,8 @@ STEPS = [
     sigterm(1),
     sigterm(0),
 ]  # fmt: skip
-# Process 0's disk fills in epoch 1: its saves after that epoch's validation fail, the new best's first (the limit
-# stays: the last step, after STEPS and the resumes of ``resume_steps``).
+# Process 0's disk fills in epoch 1: its saves at that epoch's end fail, the new best's first (the limit stays: the
+# last step, after STEPS and the resumes of ``resume_steps``).
 FULL_DISK = (
     "full_disk", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", "--data.eval_train", "false",
                    "--trainer.limit_val_batches", "1", "--trainer.callbacks", "[]",  # the best file's and last.ckpt's

@@ -105,9 +105,8 @@ assert QUICK <= set(CASES)
 if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     CASES = [case for case in CASES if case in QUICK]
 # last.ckpt's global step after one Ctrl-C or SIGTERM at each moment: after the step under way (epoch 1's first,
-# step 2); after epoch 0's evaluation (2 steps); asked in epoch 0's end hooks, after the next step (an epoch's end
-# is no moment Lightning resumes exactly from); after the first step following the sanity check.
-STOPPED_AT = {"mid_step": 3, "validation": 2, "epoch_end": 3, "sanity_check": 1}
+# step 2); after epoch 0's evaluation and end (2 steps); after the first step following the sanity check.
+STOPPED_AT = {"mid_step": 3, "validation": 2, "epoch_end": 2, "sanity_check": 1}
 EVERY_STEP = {"every_n_train_steps": 1, "save_top_k": 2, "monitor": "loss/train_step", "save_last": True,
               "filename": "step{step}"}  # fmt: skip
 

@@ -149,17 +149,17 @@ def test_the_end_of_fit_and_one_writer_of_last_ckpt(tmp_path):
     ckpts = tmp_path / "checkpoints"
     other = ModelCheckpoint(dirpath=str(ckpts), save_last=True, save_top_k=0)  # would write last-v1.ckpt beside
     fit(tmp_path, other, LastCheckpoint())
-    assert state(ckpts / "last.ckpt") == (8, 1, 4)
+    assert state(ckpts / "last.ckpt") == (8, 2, 4)
     assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt"]
 
 
 def test_last_ckpt_goes_where_it_is_told_and_beside_the_configs_model_checkpoint(tmp_path):
     fit(tmp_path / "a", LastCheckpoint(dirpath=str(tmp_path / "mine")), max_epochs=1)
-    assert state(tmp_path / "mine" / "last.ckpt") == (4, 0, 4)
+    assert state(tmp_path / "mine" / "last.ckpt") == (4, 1, 4)
     beside = [ModelCheckpoint(dirpath=str(tmp_path / "plain")), ModelCheckpoint(dirpath=str(tmp_path / "best"),
               monitor="val")]  # fmt: skip
     fit(tmp_path / "b", *beside, LastCheckpoint(), max_epochs=1)
-    assert state(tmp_path / "best" / "last.ckpt") == (4, 0, 4)  # the one with a monitor first
+    assert state(tmp_path / "best" / "last.ckpt") == (4, 1, 4)  # the one with a monitor first
     fit(tmp_path / "c", LastCheckpoint(), max_epochs=1, logger=CSVLogger(str(tmp_path / "c"), name="run"))
     assert (tmp_path / "c" / "run" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
@@ -180,7 +180,7 @@ def test_a_crash_keeps_the_state_after_another_callbacks_save(tmp_path):
 def test_an_epoch_without_validation_is_saved_at_its_end(tmp_path):
     with pytest.raises(RuntimeError, match="crash"):
         fit(tmp_path, LastCheckpoint(), Crash(step=6), limit_val_batches=0)
-    assert state(tmp_path / "checkpoints" / "last.ckpt") == (4, 0, 4)
+    assert state(tmp_path / "checkpoints" / "last.ckpt") == (4, 1, 4)
 
 
 def test_a_step_a_validation_follows_is_saved_after_that_validation(tmp_path):
@@ -220,7 +220,7 @@ def test_a_stop_in_an_epochs_last_step_saves_after_its_validation_and_end(tmp_pa
             fit(tmp_path, LastCheckpoint(), Signal(step=3, signum=signal.SIGINT))
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert state(tmp_path / "checkpoints" / "last.ckpt") == (4, 0, 4)
+    assert state(tmp_path / "checkpoints" / "last.ckpt") == (4, 1, 4)
 
 
 def validated(path: Path) -> int:
@@ -253,7 +253,7 @@ def test_after_a_crash_last_ckpt_is_the_newest_step_saved_by_another_callback_or
 
 @pytest.mark.parametrize(
     "trainer, end",
-    [({"limit_train_batches": 2}, (4, 1, 2)), ({"model": Unsized()}, (8, 1, 4))],
+    [({"limit_train_batches": 2}, (4, 2, 2)), ({"model": Unsized()}, (8, 2, 4))],
     ids=["limit", "sizeless"],
 )
 def test_epochs_that_limit_train_batches_cuts_or_of_unknown_length_are_saved_at_their_end(tmp_path, trainer, end):
@@ -294,8 +294,7 @@ def test_fast_dev_run_writes_no_checkpoint(tmp_path):
 def test_a_model_checkpoint_in_another_folder_keeps_its_last_ckpt_and_one_listed_after_writes_none(tmp_path):
     elsewhere = ModelCheckpoint(dirpath=str(tmp_path / "elsewhere"), save_last=True, save_top_k=0)
     fit(tmp_path / "a", elsewhere, LastCheckpoint(dirpath=str(tmp_path / "mine")), max_epochs=1)
-    assert state(tmp_path / "elsewhere" / "last.ckpt") == (4, 1, 4)  # Lightning's: at the epoch's end
-    assert state(tmp_path / "mine" / "last.ckpt") == (4, 0, 4)  # after its last step's validation
+    assert state(tmp_path / "elsewhere" / "last.ckpt") == state(tmp_path / "mine" / "last.ckpt") == (4, 1, 4)
     after = ModelCheckpoint(save_last=True, save_top_k=0)  # set up after LastCheckpoint: no folder yet
     fit(tmp_path / "b", LastCheckpoint(), after, max_epochs=1)
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["last.ckpt"]
@@ -303,7 +302,7 @@ def test_a_model_checkpoint_in_another_folder_keeps_its_last_ckpt_and_one_listed
 
 def test_last_ckpt_does_not_go_beside_an_on_exception_checkpoint(tmp_path):
     fit(tmp_path, OnExceptionCheckpoint(dirpath=str(tmp_path / "on_exception")), LastCheckpoint(), max_epochs=1)
-    assert state(tmp_path / "checkpoints" / "last.ckpt") == (4, 0, 4)
+    assert state(tmp_path / "checkpoints" / "last.ckpt") == (4, 1, 4)
 
 
 def test_a_second_run_in_the_same_folder_gives_no_warning_about_its_checkpoints(tmp_path):

@@ -73,9 +73,9 @@ def test_a_run_without_validation_stopped_in_its_second_epoch_resumes_from_the_f
     last = tmp_path / "residual" / "version_0" / "checkpoints" / "last.ckpt"
     assert line.startswith("error: fit stopped by Ctrl-C; resume with: ") and f"--ckpt_path {last}" in line
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
-    # saved after epoch 0's last of 3 steps, before its end hooks, which the printed command runs again before
-    # epoch 1 (Lightning's resume from such a state: test_fault_matrix.py)
-    assert ckpt["global_step"] == 3 and ckpt["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] == 0
+    # epoch 0's 3 steps and its end hooks: the printed command resumes at epoch 1's first step (Lightning's resume
+    # from such a state: test_fault_matrix.py)
+    assert ckpt["global_step"] == 3 and ckpt["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] == 1
 
 
 class SavedAt(Callback):

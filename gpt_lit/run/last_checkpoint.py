@@ -24,12 +24,12 @@ class LastCheckpoint(Checkpoint):
     def __init__(self, dirpath: str | None = None):
         """Keep ``<dirpath>/last.ckpt`` the newest state training reached that Lightning's restore resumes exactly.
 
-        Lightning's own ``--ckpt_path`` restore is exact from two moments, and ``last.ckpt`` is saved only there:
-        the end of a training step that no validation follows (``on_train_batch_end``) and the end of a validation
-        in ``fit`` (``on_validation_end``). An epoch's end is not one (a restore from it under ``max_steps`` counts
-        that epoch twice): an epoch is saved after its last step, or after the validation that follows it, and its
-        end hooks run again on the resume. A step is saved (or the validation after it) when it ends an epoch, when
-        a stop was asked, when another checkpoint callback saved at it (``every_n_train_steps``,
+        Lightning's own ``--ckpt_path`` restore is exact from three moments, and ``last.ckpt`` is saved only there:
+        the end of a training step that no validation follows (``on_train_batch_end``), the end of a validation in
+        ``fit`` (``on_validation_end``), and an epoch's end (``on_train_epoch_end``) unless ``max_steps`` is set (its
+        restore would count that epoch twice: under ``max_steps`` an epoch is saved after its last step or after the
+        validation that follows it, and its end runs again on a resume). A step is saved (or the validation after it)
+        when a stop was asked, when another checkpoint callback saved at it (``every_n_train_steps``,
         ``train_time_interval``), or when fit ends after it (``max_steps``, ``EarlyStopping``, ``Timer``).
         Best and top-k files stay with the ModelCheckpoints the config lists; their own
         ``save_last`` is turned off here, as this callback owns the name.
@@ -207,8 +207,8 @@ class LastCheckpoint(Checkpoint):
         if self._stopping or (batch_idx + 1) % trainer.accumulate_grad_batches and not ran_out:
             return  # gradients accumulated, not yet stepped
         asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
-        if self._validates_next(trainer, batch_idx) and not honoured:
-            return  # saved after the validation that comes next; a validation that a
+        if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
+            return  # saved after the validation (or the epoch's end) that comes next; a validation that a
             # callback's request to stop adds (Timer) is not: a resume would not run it
         if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)
@@ -219,13 +219,21 @@ class LastCheckpoint(Checkpoint):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ran_out = self._epoch_ran_out(trainer)
-        if trainer.sanity_checking or self._forced or self._stopping:
+        if trainer.sanity_checking or self._forced or self._stopping or ran_out and trainer.max_steps < 0:
             return  # after a forced validation, the step before it (saved then) is the exact state
         asked = self._ask(trainer)
         if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)  # the epoch's end, if it comes next, runs again on the resume
         self._stopping = asked
         self._raise_if_stopping()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Checkpoint callbacks run after the other callbacks' and the module's on_train_epoch_end. Under max_steps
+        # Lightning's restore from here would count this epoch twice: saved after its last step or validation.
+        if self._stopping or trainer.max_steps >= 0 or not self._epoch_ran_out(trainer):
+            return  # an epoch cut short: saved after its last step or validation
+        self.save(trainer)
+        self._stopping = self._ask(trainer)
 
     def save(self, trainer: L.Trainer) -> None:
         if self.path is None or trainer.sanity_checking or trainer.fast_dev_run:
