@@ -15,9 +15,9 @@ from torchmetrics import MeanMetric
 from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
+from gpt_lit.hub.pretrained import fetch, load_pretrained
 from gpt_lit.loss import head_cross_entropy, logits_losses, vocab_blocked_token_losses
 from gpt_lit.model import GPT, GPTConfig, generate
-from gpt_lit.pretrained import fetch, load_pretrained
 from gpt_lit.tokenizer import get_tokenizer
 
 

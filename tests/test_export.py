@@ -20,10 +20,10 @@ import torch
 from conftest import REPO
 from test_cli import run_main
 
-from gpt_lit.export import export_model
+from gpt_lit.hub.export import export_model
+from gpt_lit.hub.pretrained import load_pretrained
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.module import GPTLightning
-from gpt_lit.pretrained import load_pretrained
 from gpt_lit.run.reading import read_checkpoint
 from gpt_lit.tokenizer import get_tokenizer
 

@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_lit import module
+from gpt_lit.hub.pretrained import check_config, load_pretrained, read_config
 from gpt_lit.model import GPT, GPTConfig, count_params
-from gpt_lit.pretrained import check_config, load_pretrained, read_config
 from gpt_lit.run.cli import GPTLitCLI, main
 from gpt_lit.tokenizer import get_tokenizer
 

