@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt_lit import module
+from gpt_lit.errors import GptLitError
 from gpt_lit.hub.pretrained import check_config, load_pretrained, read_config
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.run.cli import GPTLitCLI, main
@@ -149,6 +150,22 @@ def test_the_finetune_config_fits_gpt2_124m(tmp_path):
     assert data["context_length"] <= 256 and trainer["max_epochs"] <= 5
     # fp32 runs everywhere; bf16 is one option away where the device has it
     assert trainer["precision"] == "32-true" and "--trainer.precision bf16-mixed" in config_text
+
+
+def test_config_json_fields_left_out_are_gpt2configs_defaults_and_variants_are_refused(tmp_path):
+    """What transformers reads from a config.json of only its model type (GPT2Config's defaults) is what init_from
+    reads; a GPT-2 that computes otherwise than the chapter's GPT (another activation) is one GptLitError."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    hf = GPT2Config.from_pretrained(tmp_path)
+    assert read_config(tmp_path) == {
+        "vocab_size": hf.vocab_size, "context_length": hf.n_positions, "emb_dim": hf.n_embd, "n_layers": hf.n_layer,
+        "n_heads": hf.n_head, "qkv_bias": True, "tie_weights": hf.tie_word_embeddings, "residual": True,
+    }  # fmt: skip
+    GPT2Config(n_inner=4 * 768, activation_function="gelu_pytorch_tanh").save_pretrained(tmp_path)
+    assert read_config(tmp_path)["emb_dim"] == 768  # the same computation, spelled otherwise
+    GPT2Config(activation_function="relu").save_pretrained(tmp_path)
+    with pytest.raises(GptLitError, match="sets activation_function='relu': not a GPT-2 the chapter's GPT computes"):
+        read_config(tmp_path)
 
 
 class Losses(Callback):

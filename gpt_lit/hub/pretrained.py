@@ -75,12 +75,11 @@ def fetch(init_from: str, download: bool = True) -> Path:
 def read_config(folder: Path) -> dict:
     """GPTConfig's fields as ``folder/config.json`` sets them (context_length: the position table's rows)."""
     file = folder / "config.json"
-    if not file.is_file():
-        raise GptLitError(f"{folder} has no config.json: a Hugging Face GPT-2 folder holds config.json and weights")
     try:
         hf = json.loads(file.read_text(encoding="utf-8"))
-    except ValueError as e:  # not UTF-8, not JSON
-        raise GptLitError(f"{file} is not a JSON file ({_first_sentence(e)})") from None
+    except (OSError, ValueError) as e:  # missing, not UTF-8, not JSON
+        why = e.strerror if isinstance(e, OSError) else _first_sentence(e)
+        raise GptLitError(f"{file} is not a readable JSON file ({why}): a GPT-2 folder holds config.json") from None
     if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
         found = hf.get("model_type") if isinstance(hf, dict) else None
         raise GptLitError(
@@ -166,7 +165,7 @@ def load_pretrained(model: GPT, init_from: str) -> Path:
             continue
         state[key] = conv1d(key, theirs[name])[: cfg.context_length if key == "pos_emb.weight" else None]
         if state[key].shape != wanted.shape:
-            wrong.append(f"{name} {list(state[key].shape)} where config.json gives {list(wanted.shape)}")
+            wrong.append(f"{name} is {list(state[key].shape)}, not {list(wanted.shape)}")
     wrong += [f"{name} is not zero (config.json: qkv_bias false)" for name in missing_biases(cfg)
               if name in theirs and theirs[name].any()]  # fmt: skip
     if wrong:
