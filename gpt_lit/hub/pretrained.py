@@ -126,7 +126,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     files = [folder / name]
     if name.endswith(".index.json"):
         try:
-            files = [folder / shard for shard in sorted(set(json.loads(files[0].read_text())["weight_map"].values()))]
+            shards = json.loads(files[0].read_text(encoding="utf-8"))["weight_map"]
+            files = [folder / shard for shard in sorted(set(shards.values()))]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise GptLitError(f"{files[0]} is not a shard index with a weight_map ({_first_sentence(e)})") from None
     state = {}
@@ -153,7 +154,7 @@ def load_pretrained(model: GPT, init_from: str) -> Path:
     The architecture in its config.json must be ``model.cfg``'s, except context_length: the model's may be
     shorter, and keeps the first rows of the position table. Anything else is one GptLitError line.
     """
-    folder = fetch(init_from, download=False)  # prepare_data fetched it
+    folder = fetch(init_from, download=False)  # a hub name: from the cache, where prepare_data put it
     source = f"model.init_from {init_from}" + (f" ({folder})" if str(folder) != init_from else "")
     cfg = model.cfg
     check_config(source, read_config(folder), cfg)
@@ -163,7 +164,8 @@ def load_pretrained(model: GPT, init_from: str) -> Path:
         if name not in theirs:
             wrong.append(f"{name} missing")
             continue
-        state[key] = conv1d(key, theirs[name])[: cfg.context_length if key == "pos_emb.weight" else None]
+        tensor = conv1d(key, theirs[name])
+        state[key] = tensor[: cfg.context_length] if key == "pos_emb.weight" else tensor  # a shorter context: its rows
         if state[key].shape != wanted.shape:
             wrong.append(f"{name} is {list(state[key].shape)}, not {list(wanted.shape)}")
     wrong += [f"{name} is not zero (config.json: qkv_bias false)" for name in missing_biases(cfg)
