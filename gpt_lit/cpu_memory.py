@@ -10,7 +10,7 @@ def keep_freed_memory() -> bool:
     """Keep freed memory in the process (glibc's malloc) instead of giving it back to the OS at once.
 
     By default glibc serves every allocation above 32 MB with a fresh ``mmap`` and unmaps it when freed, so
-    each training step page-faults and zero-fills its 411 MB logits again, and much of a run's CPU time goes
+    each training step page-faults and zero-fills its logits again, and much of a run's CPU time goes
     to the kernel. Serving them from the heap and never trimming it keeps those pages mapped (the process's
     memory stays at its peak). Returns False where it does not apply.
     """

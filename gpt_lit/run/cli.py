@@ -1,18 +1,7 @@
 """``python -m gpt_lit {fit,validate,test,predict,export}``: LightningCLI over GPTLightning and TimeMachineData.
 
-Every mistake a user can fix ends the same way: one line on stderr starting with ``error:``, exit code 2,
-no traceback. Ctrl-C or SIGTERM during ``fit`` saves ``last.ckpt`` and prints how to resume.
-
-``--config residual`` names a shipped config (from any folder, after any install); a path that exists wins.
-Every ``fit`` keeps ``last.ckpt`` the newest state it can resume from exactly (atomically; see
-gpt_lit/run/last_checkpoint.py and gpt_lit/run/saving.py), unless ``--trainer.enable_checkpointing false``.
-``--ckpt_path last`` / ``best`` in a new process use the newest run of the config's name; validate, test,
-predict and export without ``--config`` use the checkpoint's run's own config.yaml (folders.run_config).
-``validate``, ``test`` and ``predict`` on a run's checkpoint write into that run's folder. ``export`` writes a
-Hugging Face GPT-2 folder (gpt_lit/export.py). Every checkpoint is loaded as data (``weights_only``; see
-gpt_lit/run/reading.py); ``--trust_checkpoint true`` loads a trusted file that needs more. What a command
-does with its checkpoint is decided once, as the command line is parsed: the run plan (gpt_lit/run/plan.py), which
-the hooks after it only read.
+Every mistake a user can fix ends with one ``error:`` line on stderr and status 2; Ctrl-C or SIGTERM in ``fit``
+saves ``last.ckpt`` and prints how to resume. What a command does with its checkpoint is the run plan (plan.py).
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -54,7 +43,7 @@ from gpt_lit.tokenizer import vocab_size
 
 
 def check_writable(trainer: Trainer) -> None:
-    """Raise a GptLitError unless the folder the logs and checkpoints go to can be written."""
+    """Raise a GptLitError unless the folders the logs and checkpoints go to can be written."""
     folders = [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]
     for folder in folders:
         try:
@@ -69,17 +58,16 @@ def check_writable(trainer: Trainer) -> None:
 
 
 class GPTLitCLI(LightningCLI):
-    """LightningCLI over GPTLightning and TimeMachineData: the run plan (gpt_lit/run/plan.py) made as the command
-    line is parsed, read by the hooks after it; Ctrl-C and SIGTERM in a subcommand end with how to resume."""
+    """LightningCLI with the run plan made as the command line is parsed; a stop ends with how to resume."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = kwargs.get("args")
         self.command_line = tuple(sys.argv[1:] if given is None else given if isinstance(given, list) else ())
         kwargs.setdefault("parser_class", GPTLitParser)
-        self.read: list[str] = []  # the config files the parsers read (GPTLitParser's)
+        self.read: list[str] = []  # the config files the parsers read
         self.plan: RunPlan | None = None
         self.last_checkpoint: LastCheckpoint | None = None  # fit's, made in instantiate_trainer
-        self.versioned: list[Any] = []  # the loggers' init_args given this run's version (one_folder_per_run)
+        self.versioned: list[Any] = []  # loggers' init_args given this run's version (one_folder_per_run)
         quiet_console()
         try:  # LightningCLI runs the subcommand inside its __init__: its stops are caught around it
             super().__init__(*args, **kwargs)
@@ -89,11 +77,8 @@ class GPTLitCLI(LightningCLI):
             raise GptLitError(refusal((self.plan and self.plan.given) or "--ckpt_path", e)) from None
 
     def subcommands(self) -> dict[str, set[str]]:
-        """Lightning's four, and `export` (ExportingTrainer.export): LightningCLI makes a subcommand of each trainer
-        method listed here, with the arguments it does not skip. Where the command line starts with one, only that
-        one: each subcommand's parser (every option of the model, the data and the Trainer) takes long to build,
-        and a command runs one; jsonargparse builds every parser before it parses. Anything else (`--help`, a
-        misspelt subcommand, options before it) gets all five."""
+        """Lightning's four and ``export``; only the one the command line starts with, as each parser is slow to
+        build and jsonargparse builds all before it parses (``--help`` or a misspelt one gets all five)."""
         every = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
         named = self.command_line[0] if self.command_line else None
         return {named: every[named]} if named in every else every
@@ -105,24 +90,19 @@ class GPTLitCLI(LightningCLI):
         if issubclass(self.parser_class, GPTLitParser):
             kwargs.setdefault("read", self.read)
         parser = self.parser_class(**kwargs)
-        names = ", ".join(shipped_configs())
-        parser.add_argument(
-            "-c", "--config", action=ConfigFile,
-            help=f"A YAML config: a file's path, or the name of a shipped config ({names}; '.yaml' optional). "
-            "A path that exists wins over a name.",
-        )  # fmt: skip
+        parser.add_argument("-c", "--config", action=ConfigFile, help="A YAML config: a file's path, or the name of a "
+                            f"shipped config ({', '.join(shipped_configs())}; '.yaml' optional). A path that exists "
+                            "wins over a name.")  # fmt: skip
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if args is None or isinstance(args, list):  # the command line, or main's list in its place (LightningCLI
-            self.config = parser.parse_args(args)  # warns of the two together, as under pytest)
+        if args is None or isinstance(args, list):  # LightningCLI's warns of main's list under pytest's argv
+            self.config = parser.parse_args(args)
         else:
             super().parse_arguments(parser, args)
-        # The plan, once: the checkpoint resolved, read (a missing, broken or refused file fails now) and trusted
-        # or not; every hook after this reads it.
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
-        if subcommand == "predict":  # the prompts, before the checkpoint is read or anything is built or written
+        if subcommand == "predict":  # the prompts, before anything is read, built or written
             read_prompts(config.get("data.prompts"), config.get("data.prompts_file"))
         if config is not None:
             check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
@@ -130,14 +110,11 @@ class GPTLitCLI(LightningCLI):
         self.plan = make_plan(subcommand, config, self.command_line)
         if config is not None:
             config.trust_checkpoint = False  # given per command, not recorded in config.yaml
-            # LightningCLI loads a ckpt_path's hyperparameters over the parsed config between
-            # parse_arguments and before_instantiate_classes, silently overriding --model.* options (and reading
-            # the file once more, as code where needed). Here the config decides and the plan has read the file:
-            # that step finds no ckpt_path, which before_instantiate_classes gives back, resolved.
+            # LightningCLI would load the checkpoint's hyperparameters over --model.* options (reading the file once
+            # more): the config decides, and before_instantiate_classes gives the path back, resolved.
             config.ckpt_path = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # The model's position table and vocabulary come from the data, so the two can never disagree.
         (context, context_target), (tokenizer, tokenizer_target) = LINKS
         parser.link_arguments(context, context_target)
         parser.link_arguments(tokenizer, tokenizer_target, compute_fn=vocab_size)
@@ -154,14 +131,13 @@ class GPTLitCLI(LightningCLI):
         if plan.subcommand == "fit":
             continue_run(config, plan.run)  # a resume: each logger in the run's folder
             self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
-        # model.init_from is fetched (a hub name downloaded, or its one error line) before the model is built: the
-        # random initialisation of GPT-2 124M alone takes seconds, wasted when the download fails. Process 0 only,
-        # as nothing is shared yet; GPTLightning.prepare_data still fetches on each node, from the cache by then.
+        # model.init_from fetched (or its error line) before the slow build of the model; on process 0, as nothing
+        # is shared yet (GPTLightning.prepare_data fetches on each node, from the cache by then)
         if config.get("model.init_from") and not plan.weights_from_checkpoint and rank_zero_only.rank == 0:
             fetch(config.get("model.init_from"))
 
     def instantiate_classes(self) -> None:
-        try:  # a refused value (GPTConfig's checks, the Trainer's) is the configuration's: one error line
+        try:  # a value GPTConfig or the Trainer refuses is the configuration's
             super().instantiate_classes()
         except (ValueError, TypeError) as e:
             raise GptLitError(e) from None
@@ -174,42 +150,35 @@ class GPTLitCLI(LightningCLI):
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
         if self.subcommand != "fit" or config.get("enable_checkpointing") is False:
-            # Off means off: the config's checkpoint callbacks too. validate/test/predict save nothing; without
-            # them no ModelCheckpoint reloads its state from the checkpoint and warns that its dirpath changed.
+            # off means the config's checkpoint callbacks too (else one reloads its state and warns of its dirpath)
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
             kwargs["enable_checkpointing"] = False
             self.last_checkpoint = None
         else:
-            self.last_checkpoint = LastCheckpoint()  # last.ckpt, whatever checkpoint callbacks the config lists
-        # Always on, whatever the config: stop at a NaN loss, naming last.ckpt as the last good file.
-        callbacks.append(FiniteLoss(self.last_checkpoint))
-        if self.last_checkpoint is not None:
-            callbacks.append(self.last_checkpoint)
-        # Atomic saves on a thread beside training, whatever --trainer.plugins says, unless it gives a CheckpointIO
-        # that writes (an AsyncCheckpointIO with nothing to wrap is this one).
+            self.last_checkpoint = LastCheckpoint()
+        callbacks += [FiniteLoss(self.last_checkpoint), *([self.last_checkpoint] if self.last_checkpoint else [])]
+        # Atomic saves on a thread beside training, unless --trainer.plugins gives a CheckpointIO that writes
         plugins = config.get("plugins") or []
-        plugins = [p for p in (plugins if isinstance(plugins, list) else [plugins])
-                   if not (isinstance(p, AsyncCheckpointIO) and p.checkpoint_io is None)]  # fmt: skip
-        if not any(isinstance(p, CheckpointIO) for p in plugins):
-            plugins.append(BackgroundCheckpointIO(AtomicCheckpointIO()))
+        plugins = list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) and getattr(p, "checkpoint_io", p) for p in plugins):
+            plugins = [p for p in plugins if not isinstance(p, CheckpointIO)] + [
+                BackgroundCheckpointIO(AtomicCheckpointIO())]  # fmt: skip
         callbacks += quiet_callbacks(config, callbacks)  # in place of Lightning's default bar and summary
         return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
 
     def check_checkpoint(self) -> None:
-        """Before a subcommand runs: the plan's checkpoint fits the configured model (and, for ``fit``, the data's
-        order of windows); Lightning's restore loads it as the plan says (``weights_only``)."""
+        """The plan's checkpoint fits the model (and a resume the data's order); Lightning loads it as planned."""
         plan = self.plan
         assert plan is not None and plan.subcommand is not None
         if plan.contents is not None and plan.ckpt_path:
             check_architecture(plan.ckpt_path, plan.contents, self.model)
-            if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch: before anything is written
+            if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch
                 self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path, self.trainer.world_size)
         self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:
-        """``before_fit``, ``before_validate``, ``before_test``, ``before_predict``: the checkpoint and what the data
-        module reads checked (before the Trainer runs: its logger writes as it starts), the log folder writable, and
-        a resume's CSV logs read before Lightning's CSVLogger deletes them."""
+        """Before the Trainer runs (its logger writes as it starts): the inputs checked, the folders writable, a
+        resume's CSV logs read before Lightning's CSVLogger deletes them."""
         self.check_checkpoint()
         self.datamodule.check_inputs(self.subcommand, self.trainer.world_size)  # one prompt or batch a process
         check_writable(self.trainer)
@@ -222,39 +191,25 @@ class GPTLitCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = before_run
 
     def stopped(self, error: SystemExit) -> NoReturn:
-        """Ctrl-C or SIGTERM stopped the subcommand: one ``error:`` line saying how to resume, and 130 or 143.
-        Any other SystemExit (a parse error, ``--help``) goes on as it is."""
+        """Ctrl-C or SIGTERM stopped the subcommand: one ``error:`` line saying how to resume, and 130 or 143."""
         trainer = getattr(self, "trainer", None)  # None before the trainer is made
         if trainer is None or trainer.state.status != TrainerStatus.INTERRUPTED:
             raise error
-        # LastCheckpoint stops a first Ctrl-C as SIGTERM (after the step); it knows which it was.
         last = self.last_checkpoint
         by = last.stopped_by if last else "SIGTERM" if isinstance(error, SIGTERMException) else "Ctrl-C"
-        fail(f"{self.subcommand} stopped by {by}{self.how_to_resume()}", 143 if by == "SIGTERM" else 130)
-
-    def how_to_resume(self) -> str:
-        """The end of the stop's message: the command that resumes the run."""
-        # From what LastCheckpoint read at setup: trainer.log_dir is a broadcast, and after a stop another process
-        # may have ended already.
-        last = self.last_checkpoint
-        if last is None or not last.saved_path:
-            return "; no checkpoint was saved yet: start it again"
-        config = os.path.join(last.log_dir or "", "config.yaml")
-        command = "python -m gpt_lit fit" + (f" --config {config}" if os.path.isfile(config) else " <same arguments>")
-        command += f" --ckpt_path {last.saved_path}"
-        if isinstance(self.trainer.logger, TensorBoardLogger) and len(self.trainer.loggers) == 1:  # the same run
-            # (several loggers go on in the checkpoint's run folder by themselves: folders.continue_run)
-            command += f" --trainer.logger.init_args.version {last.logger_version}"
-        return f"; resume with: {command}"
+        how = "; no checkpoint was saved yet: start it again"
+        if last is not None and last.saved_path:  # from what LastCheckpoint read at setup (log_dir is a broadcast)
+            config = os.path.join(last.log_dir or "", "config.yaml")
+            how = f"; resume with: {PROG} fit" + (f" --config {config}" if os.path.isfile(config) else
+                                                  " <same arguments>") + f" --ckpt_path {last.saved_path}"  # fmt: skip
+            if isinstance(trainer.logger, TensorBoardLogger) and len(trainer.loggers) == 1:  # (a list: continue_run)
+                how += f" --trainer.logger.init_args.version {last.logger_version}"
+        fail(f"{self.subcommand} stopped by {by}{how}", 143 if by == "SIGTERM" else 130)
 
 
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
     """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
-
-    A mistake in the input (GptLitError, Lightning's MisconfigurationException, a value refused as the objects are
-    built or by Lightning's code) ends with one ``error:`` line and status 2; anything else is a bug: its traceback,
-    then a line saying what was running, status 1.
-    """
+    A mistake in the input ends with one ``error:`` line and status 2; a bug with its traceback and status 1."""
     command_line = list(sys.argv[1:] if args is None else args)
     try:
         return GPTLitCLI(
@@ -263,7 +218,6 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             trainer_class=ExportingTrainer,
             args=args,
             save_config_kwargs={"overwrite": True},
-            # Always on, whatever the config: exact resumes (FiniteLoss, LastCheckpoint: instantiate_trainer).
             trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate, run and export the GPT of 'The transformer block'."},
         )

@@ -11,38 +11,24 @@ from gpt_lit.run.last_checkpoint import LastCheckpoint
 
 
 class FiniteLoss(Callback):
-    """Raise a ``GptLitError`` naming the step when the training loss is not finite.
-
-    Checked in ``on_before_backward``, so the bad step never reaches the optimizer and nothing is saved
-    after it: the checkpoints already on disk (``last.ckpt``, the best one) are the last good ones.
-    Under several processes they share their losses first (one all-gather of a number per step), so all of
-    them stop together, and the message names the process whose loss it was.
-    The GPT CLI adds this callback to every run.
-    """
+    """Raise a GptLitError naming the step (and process) in ``on_before_backward``, so nothing is saved after the bad
+    step; the processes share their losses first (one all-gather a step), so all of them stop together."""
 
     def __init__(self, last_checkpoint: LastCheckpoint | None = None) -> None:
-        """
-        Args:
-            last_checkpoint: The run's ``LastCheckpoint``, whose file the message names as the last good one
-                (the CLI gives it in ``fit``); without it, the trainer's ModelCheckpoint's latest or best file.
-        """
-        self.last_checkpoint = last_checkpoint
+        self.last_checkpoint = last_checkpoint  # whose file the message names as the last good one
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         losses = loss.detach().float().reshape(1)
         if trainer.world_size > 1:
-            losses = trainer.strategy.all_gather(losses).reshape(-1)  # (world_size,)
+            losses = trainer.strategy.all_gather(losses).reshape(-1)
         bad = (~torch.isfinite(losses)).nonzero()
         if len(bad) == 0:
             return
         rank = int(bad[0])
         where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""
-        wait = getattr(trainer.strategy.checkpoint_io, "wait", None)  # saves still being written in the background
-        if wait is not None:  # (BackgroundCheckpointIO): the message names the files as they will stay
-            wait()
-        last = self.last_checkpoint.saved_path if self.last_checkpoint is not None else None
-        ckpt = trainer.checkpoint_callback  # without LastCheckpoint: a ModelCheckpoint's files
-        last = last or (getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", "") if ckpt else "")
+        if wait := getattr(trainer.strategy.checkpoint_io, "wait", None):  # saves written in the background
+            wait()  # the message names the files as they will stay
+        last = self.last_checkpoint.saved_path if self.last_checkpoint else None  # none: checkpointing is off
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
         raise GptLitError(
             f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "

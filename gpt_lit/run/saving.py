@@ -1,6 +1,6 @@
-"""Checkpoint files on Lightning's ``TorchCheckpointIO`` and ``AsyncCheckpointIO``, which the CLI puts into every
-``fit``: saves are written on a thread beside training, each to a temporary file beside the checkpoint, then renamed
-over it, so a save that fails (a full disk, a killed process) leaves the previous file whole."""
+"""Checkpoint files on Lightning's ``TorchCheckpointIO`` and ``AsyncCheckpointIO``: written on a thread beside
+training to a temporary file beside the checkpoint, then renamed over it, so a failed save leaves the previous file
+whole."""
 
 from __future__ import annotations
 
@@ -25,10 +25,9 @@ class NoRoomError(GptLitError):
 
 
 def no_room(path: Path, size: int, error: OSError) -> NoRoomError:
-    """The full disk's one line: the folder, the bytes needed and free, the last good checkpoint, what to do."""
-    saved = [p for p in path.parent.glob("*.ckpt") if p.is_file()]
-    last = path.parent / "last.ckpt" if (path.parent / "last.ckpt").is_file() else None
-    last = last or (max(saved, key=lambda p: p.stat().st_mtime) if saved else None)
+    saved = sorted((p for p in path.parent.glob("*.ckpt") if p.is_file()), key=lambda p: (p.name == "last.ckpt",
+                   p.stat().st_mtime))  # fmt: skip
+    last = saved[-1] if saved else None
     kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved before"
     return NoRoomError(
         f"no room to save checkpoint {path.name} in {path.parent} ({error.strerror}): it needs {size:,} bytes there "
@@ -42,21 +41,16 @@ REMOVE = object()  # what BackgroundCheckpointIO asks its thread to "save" for a
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` with its temporary file beside the checkpoint and a full disk kept as one line: Lightning
-    writes it in the system's temporary folder, whose move to another filesystem copies over the old checkpoint.
-
-    A save that finds no room is kept in ``failed`` (raised by ``LastCheckpoint`` on every process, or at teardown),
-    and nothing is written or removed after it: ModelCheckpoint's previous best stays when the new one's save fails.
-    """
+    """``TorchCheckpointIO`` with the temporary file beside the checkpoint (Lightning's is in the system's temporary
+    folder, whose move to another filesystem copies over the old file). A save that finds no room is kept in
+    ``failed`` and nothing is written or removed after it, so ModelCheckpoint's previous best stays."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.failed: NoRoomError | None = None  # the first save that found no room
-        self.reported = False  # whether ``failure()`` gave it
+        self.failed: NoRoomError | None = None
+        self.reported = False
 
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if checkpoint is REMOVE:
             self.remove_checkpoint(path)
         elif storage_options is not None or get_protocol(str(path)) != "file":
@@ -66,7 +60,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def write(self, checkpoint: dict[str, Any], path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()  # serialized first, as Lightning does: the full disk's line gives the size
+        buffer = io.BytesIO()  # serialized first: the full disk's line gives the size
         torch.save(checkpoint, buffer)
         part = path.with_name(f".{path.name}.part")
         try:
@@ -86,7 +80,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().remove_checkpoint(path)
 
     def failure(self) -> NoRoomError | None:
-        """The error of the save that found no room, the first time it is asked for (None after): raised once."""
+        """The save that found no room, the first time it is asked for: raised once."""
         if self.reported:
             return None
         self.reported = self.failed is not None
@@ -98,17 +92,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class BackgroundCheckpointIO(AsyncCheckpointIO):
-    """``AsyncCheckpointIO`` whose removals wait on its thread behind the saves asked before them, with a ``wait``:
-    Lightning's removes at once, and ModelCheckpoint removes its previous best just after asking for the new one."""
+    """``AsyncCheckpointIO`` whose removals queue behind the saves asked before them (Lightning's removes at once,
+    and ModelCheckpoint removes its previous best just after asking for the new one)."""
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        super().save_checkpoint(REMOVE, path)  # queued on the thread; the wrapped plugin removes ``path`` in turn
+        super().save_checkpoint(REMOVE, path)
 
     def wait(self) -> None:
-        """Wait until the saves asked so far are written (the next save starts the thread again)."""
         super().teardown()
 
     def teardown(self) -> None:
         self.wait()
         if self.checkpoint_io is not None:
-            self.checkpoint_io.teardown()  # Lightning's does not: the wrapped plugin's failure
+            self.checkpoint_io.teardown()  # the wrapped plugin's failure, which Lightning's does not raise
