@@ -201,8 +201,6 @@ def test_an_epochs_end_without_max_steps_resumed_with_max_steps_goes_on_as_one_r
         torch.testing.assert_close(final["state_dict"][name], weight, atol=1e-5, rtol=0, msg=name)
 
 
-@pytest.mark.xfail(strict=True, reason="known: a run that max_steps ends at an epoch's end saves last.ckpt "
-                   "before the best file it names is saved")
 def test_max_steps_at_an_epochs_end_then_test_best_uses_the_best_file(tmp_path):
     logs = ["--trainer.logger.init_args.save_dir", str(tmp_path)]
     main(["fit", *RUN, *logs, "--trainer.max_steps", "6"])  # 3 epochs of 2 steps: ends at epoch 2's end
