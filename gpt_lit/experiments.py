@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gpt_lit.callbacks.similarity import block_similarities, mean_position_similarity
+from gpt_lit.loss import token_losses
 from gpt_lit.model import GELU, GPT, GPTConfig, LayerNorm, count_params, generate
 from gpt_lit.tokenizer import get_tokenizer
 
@@ -117,7 +117,7 @@ def residual_experiment(residual: bool, n_layers: int = 12, seed: int = 123) -> 
 
     Seed 123; a GPT 256 wide with 4 heads, ``n_layers`` blocks, a context of 64 and no dropout, with or
     without residual connections; one batch x of 4 random sequences of 64 tokens and random targets y
-    (drawn in that order, after the model); cross-entropy of model(x) against y; one backward pass. The
+    (drawn in that order, after the model); cross-entropy of model(x)'s logits against y; one backward pass. The
     similarity is also taken after every block (``block_similarities``, what ``PositionSimilarity`` logs).
     """
     torch.manual_seed(seed)
@@ -125,7 +125,7 @@ def residual_experiment(residual: bool, n_layers: int = 12, seed: int = 123) -> 
     model = GPT(cfg)
     x = torch.randint(0, cfg.vocab_size, (4, 64))  # (B, T) random tokens
     y = torch.randint(0, cfg.vocab_size, (4, 64))  # (B, T) random targets
-    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss = token_losses(model(x).flatten(0, 1), None, y.flatten()).mean()  # from the logits, as the chapter
     loss.backward()
     grad_norms = [blk.ffn.fc.weight.grad.norm().item() for blk in model.blocks]
     with torch.no_grad():

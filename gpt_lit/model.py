@@ -2,8 +2,8 @@
 
 The classes come in the chapter's order (GPTConfig, LayerNorm, GELU, FeedForward, CausalSelfAttention,
 Block, GPT) with the chapter's names, fields and defaults, followed by ``count_params`` and ``generate``.
-Beside the attention: ``CausalSelfAttention.weights`` writes out the weights its forward uses (the diagnostics
-draw them), and ``LayerCache``/``KVCache`` keep keys and values so generation runs each new token alone.
+Two additions for the diagnostics: ``CausalSelfAttention.weights`` writes out the attention weights its forward
+mixes the values with, and ``GPT.hidden_states`` gives the residual stream before the final norm.
 Plain PyTorch only: no Lightning in here, so the file reads next to the book.
 
 Modules are created in the chapter's order and initialised by ``self.apply(GPT._init)`` afterwards, so
@@ -108,17 +108,16 @@ class CausalSelfAttention(nn.Module):
     One fused ``qkv`` projection whose output is q, k, v as three consecutive emb_dim slices, each split
     into heads of head_dim consecutive numbers (GPT-2's layout); scores scaled by 1/sqrt(head_dim), the
     causal mask, softmax, dropout on the attention weights, then the output projection ``proj``.
-    The score-mask-softmax-dropout-weighted-sum is done by ``F.scaled_dot_product_attention``, which gives
-    the same numbers as writing it out (tests check this) and is much faster.
+    ``forward`` leaves score-mask-softmax-dropout-weighted-sum to PyTorch's fused attention (SDPA), which never
+    holds the (T x T) weights; ``weights`` writes them out, on request (tests check the two agree).
+    emb_dim must be divisible by n_heads (``GPTConfig`` checks). ``context_length`` is in chapter 3's signature, where
+    it sizes the mask; ``is_causal`` makes the mask here, of any length.
     """
 
     def __init__(self, d_in: int, n_heads: int, context_length: int, dropout: float, qkv_bias: bool = True):
         super().__init__()
-        if d_in % n_heads:
-            raise ValueError(f"emb_dim ({d_in}) must be divisible by n_heads ({n_heads})")
         self.n_heads = n_heads
         self.head_dim = d_in // n_heads
-        self.context_length = context_length
         self.dropout = dropout
         self.qkv = nn.Linear(d_in, 3 * d_in, bias=qkv_bias)
         self.proj = nn.Linear(d_in, d_in)
@@ -127,34 +126,22 @@ class CausalSelfAttention(nn.Module):
         """Queries, keys and values of every head: (B, T, emb_dim) -> 3 x (B, n_heads, T, head_dim)."""
         B, T, C = x.shape  # (batch, tokens, emb_dim)
         q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-        k = k.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-        v = v.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-        return q, k, v
+        return tuple(t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        """(B, T, emb_dim) -> (B, T, emb_dim). With a ``cache`` (generation), the keys and values are kept there:
-        a cache without a position takes every token from position 0; one with ``pos`` (B,) takes one new token
-        per row, x (B, 1, emb_dim), at that position, attending to the kept keys up to it."""
-        B, T, C = x.shape  # (batch, tokens, emb_dim)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, emb_dim) -> (B, T, emb_dim)
+        B, T, C = x.shape
         q, k, v = self.heads(x)  # 3 x (B, n_heads, T, head_dim)
-        if cache is not None and cache.pos is not None:
-            y = cache.attend(q, k, v)  # (B, n_heads, 1, head_dim)
-        else:
-            if cache is not None:
-                cache.keep(k, v, self.context_length)
-            p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, n_heads, T, head_dim)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
-        return self.proj(y)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, n_heads, T, head_dim)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # heads side by side again, then projected
 
     @torch.no_grad()
     def weights(self, x: torch.Tensor) -> torch.Tensor:
         """The attention weights softmax(Q K^T / sqrt(head_dim) + mask) of each head, written out (for the diagnostics).
 
         x: (B, T, emb_dim), the attention's input. Returns (B, n_heads, T, T) in fp32: row t is how position t
-        spreads its attention over positions 0 .. t (the mask puts -inf above the diagonal). ``forward`` computes
-        the same weights inside ``F.scaled_dot_product_attention`` (tests check: proj(weights @ v) is its output).
+        spreads its attention over positions 0 .. t (the mask puts -inf above the diagonal). Without dropout,
+        ``proj`` of these weights times the values is ``forward``'s output.
         """
         T = x.shape[1]
         q, k, _ = self.heads(x)  # (B, n_heads, T, head_dim) each
@@ -178,12 +165,12 @@ class Block(nn.Module):
         self.ffn = FeedForward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         if self.residual:
-            x = x + self.drop(self.attn(self.norm1(x), cache))
+            x = x + self.drop(self.attn(self.norm1(x)))
             x = x + self.drop(self.ffn(self.norm2(x)))
         else:
-            x = self.drop(self.attn(self.norm1(x), cache))
+            x = self.drop(self.attn(self.norm1(x)))
             x = self.drop(self.ffn(self.norm2(x)))
         return x
 
@@ -211,83 +198,20 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """The residual stream at the output of the block stack, before the final norm: (B, T, emb_dim).
-
-        With a ``cache`` (generation, see ``KVCache``): while its ``pos`` is None, a pass over whole rows from
-        position 0 whose keys and values are kept; after, ``idx`` (B, 1) is each row's next token, at position
-        ``pos`` (below context_length), and ``pos`` moves on by one. The numbers are those of the pass without a cache.
-        """
-        stepping = cache is not None and cache.pos is not None  # one new token per row, at cache.pos
-        if stepping:
-            pos = cache.pos[:, None]  # (B, 1) each row's position of its new token
-        else:
-            B, T = idx.shape
-            if T > self.cfg.context_length:
-                raise ValueError(
-                    f"sequence of {T} tokens is longer than context_length={self.cfg.context_length}, the "
-                    f"position table's size; crop it to the last {self.cfg.context_length} tokens"
-                )
-            pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, emb_dim); (B, 1, emb_dim) when stepping
-        if cache is None:
-            return self.blocks(x)  # (B, T, emb_dim)
-        for blk, layer in zip(self.blocks, cache.layers, strict=True):
-            x = blk(x, layer)
-        if stepping:
-            cache.pos = cache.pos + 1
-        return x  # (B, T, emb_dim)
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The residual stream at the output of the block stack, before the final norm: (B, T) -> (B, T, emb_dim)."""
+        B, T = idx.shape
+        if T > self.cfg.context_length:
+            raise ValueError(
+                f"sequence of {T} tokens is longer than context_length={self.cfg.context_length}, the "
+                f"position table's size; crop it to the last {self.cfg.context_length} tokens"
+            )
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, emb_dim)
+        return self.blocks(x)  # (B, T, emb_dim)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) token IDs -> (B, T, vocab_size) logits
         return self.head(self.final_norm(self.hidden_states(idx)))
-
-
-class LayerCache:
-    """One block's keys and values, kept while generating so that each new token runs through the block alone.
-
-    ``keys``, ``values``: (B, n_heads, context_length, head_dim), zeros where nothing was kept. ``pos``: (B,) the
-    position of each row's next token, None until the first pass (of whole rows) is kept. Rows may be at
-    different positions (prompts of different lengths); what a row holds past its ``pos`` is never attended to.
-    """
-
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-        self.pos: torch.Tensor | None = None
-
-    def keep(self, k: torch.Tensor, v: torch.Tensor, context_length: int) -> None:
-        """Keep the keys and values (B, n_heads, T, head_dim) of a pass over tokens 0 .. T - 1."""
-        shape = (*k.shape[:2], context_length, k.shape[-1])  # (B, n_heads, context_length, head_dim)
-        where = torch.arange(k.shape[2], device=k.device)
-        self.keys = k.new_zeros(shape).index_copy_(2, where, k)
-        self.values = v.new_zeros(shape).index_copy_(2, where, v)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Each row's new token (q, k, v: (B, n_heads, 1, head_dim)) at ``pos``: its key and value kept, its query
-        attending to the row's keys 0 .. pos. Returns (B, n_heads, 1, head_dim)."""
-        rows = torch.arange(len(q), device=q.device)
-        self.keys[rows, :, self.pos] = k[:, :, 0]
-        self.values[rows, :, self.pos] = v[:, :, 0]
-        visible = torch.arange(self.keys.shape[2], device=q.device) <= self.pos[:, None]  # (B, context_length)
-        mask = visible[:, None, None, :]  # (B, 1, 1, context_length)
-        return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=mask)
-
-
-class KVCache:
-    """Every block's ``LayerCache``, for ``GPT.hidden_states(idx, cache)``; ``pos`` (B,) is where each row's next token
-    goes, set by the caller after the first pass (a row's tokens may end before the pass's last position)."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
-
-    @property
-    def pos(self) -> torch.Tensor | None:
-        return self.layers[0].pos
-
-    @pos.setter
-    def pos(self, pos: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.pos = pos
 
 
 def count_params(model: nn.Module) -> int:
@@ -306,14 +230,16 @@ def generate(
 ) -> torch.Tensor:
     """Append ``max_new_tokens`` tokens to ``idx`` (B, T), feeding at most the last context_length tokens.
 
-    ``temperature=0`` (the default) is the chapter's greedy decoding: argmax of the last position's
-    logits. A positive temperature samples from softmax(logits / temperature), optionally restricted to
-    the ``top_k`` highest-scoring tokens.
+    ``temperature=0`` (the default) is the chapter's greedy decoding: argmax of the last position's logits.
+    A positive temperature samples from softmax(logits / temperature), optionally restricted to the ``top_k``
+    highest-scoring tokens. Each step runs the whole window through the blocks again (no cache, as in the
+    chapter); the head runs on the last position alone, the only one that predicts a new token (the chapter's
+    ``model(idx)[:, -1, :]``, to float rounding, without the head's product over every other position).
     """
     model.eval()
     for _ in range(max_new_tokens):
-        logits = model(idx[:, -model.cfg.context_length :])  # (B, T, vocab_size)
-        logits = logits[:, -1, :]  # (B, vocab_size): only the last position predicts a new token
+        h = model.hidden_states(idx[:, -model.cfg.context_length :])[:, -1]  # (B, emb_dim): the last position's
+        logits = model.head(model.final_norm(h))  # (B, vocab_size)
         if temperature <= 0.0:
             next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         else:

@@ -16,7 +16,7 @@ from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
 from gpt_lit.hub.pretrained import fetch, load_pretrained
-from gpt_lit.loss import head_cross_entropy, logits_losses, vocab_blocked_token_losses
+from gpt_lit.loss import token_losses
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.tokenizer import get_tokenizer
 
@@ -58,16 +58,15 @@ class GPTLightning(L.LightningModule):
             lr: AdamW learning rate.
             weight_decay: AdamW weight decay, on every parameter.
             compile: Run the model through ``torch.compile`` (a slower start, then faster steps). The loss
-                then goes through the compiled ``model(x)`` and ``F.cross_entropy`` (fused_loss is unused).
+                then comes from the compiled ``model(x)``'s logits (fused_loss is unused).
                 Compiled code draws its dropout masks its own way: with dropout above 0 the training steps
                 differ from an uncompiled run's (the same seed, other masks); with dropout 0, and in evaluation,
                 they agree to float rounding.
-            fused_loss: Compute the output head and the cross-entropy together (``head_cross_entropy``):
+            fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``):
                 fewer passes over the logits when training, and evaluation in tiles of 1024 tokens x 2048 words
-                of logits that stay in the CPU's caches (``vocab_blocked_token_losses``), never holding a whole
-                batch's logits. Same losses as ``F.cross_entropy(model(x), y)`` to float rounding.
-                Not used under fp16 precision (16-mixed, 16-true) or a strategy that shards the parameters
-                (FSDP): there the loss is ``F.cross_entropy(model(x), y)``.
+                of logits that stay in the CPU's caches, never holding a whole batch's logits. The same losses
+                as from ``model(x)``'s logits, to float rounding. Not used under fp16 precision (16-mixed,
+                16-true) or a strategy that shards the parameters (FSDP): there the loss comes from ``model(x)``.
             fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA): one pass over all the parameters per
                 step instead of one per operation (docs/performance.md: the time it saves), the same
                 update. Under 16-mixed, and under bf16-mixed with gradient clipping, the
@@ -154,7 +153,7 @@ class GPTLightning(L.LightningModule):
                 rank_zero_info(f"resuming with the configured {', '.join(sorted(changed))}")
 
     def uses_fused_loss(self) -> bool:
-        """Whether ``loss`` takes the fused head + cross-entropy path (``fused_loss``, where it is exact and safe)."""
+        """Whether ``token_losses`` runs the head and the loss together (``fused_loss``, where it is exact and safe)."""
         if not self.hparams.fused_loss or self.hparams.compile:
             return False
         try:
@@ -165,30 +164,17 @@ class GPTLightning(L.LightningModule):
         # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
         return not shards_parameters(trainer) and not str(trainer.precision).startswith("16")
 
-    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """What the output head reads for the token IDs x (B, T): the final norm's output, (B * T, emb_dim)."""
-        return self.model.final_norm(self.model.hidden_states(x)).flatten(0, 1)
-
-    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch  # (B, T) inputs, (B, T) targets
-        if self.uses_fused_loss():
-            return head_cross_entropy(self.final_hidden(x), self.model.head.weight, y.flatten())
-        return logits_losses(self.model(x).flatten(0, 1), y.flatten())[0]  # whole (B * T, vocab_size) logits
-
-    @torch.no_grad()
-    def eval_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """For evaluation: ``loss(batch)`` to the last bit (without gradients both take the same mean of the same
-        per-token losses), and each token's own loss, (B, T), from the same pass."""
-        x, y = batch  # (B, T) inputs, (B, T) targets
-        if self.uses_fused_loss():
-            losses = vocab_blocked_token_losses(self.final_hidden(x), self.model.head.weight, y.flatten())
-            mean = losses.mean()
-        else:
-            mean, losses = logits_losses(self.model(x).flatten(0, 1), y.flatten())
-        return mean, losses.view_as(y)
+    def token_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Each token's loss, (B, T), for a batch of (B, T) inputs and (B, T) targets."""
+        x, y = batch
+        if self.uses_fused_loss():  # the head and the loss together, from what the head reads
+            h, weight = self.model.final_norm(self.model.hidden_states(x)), self.model.head.weight
+        else:  # the head inside the model's forward: its whole (B, T, vocab_size) logits
+            h, weight = self.model(x), None
+        return token_losses(h.flatten(0, 1), weight, y.flatten()).view_as(y)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(batch)
+        loss = self.token_losses(batch).mean()
         self.log("loss/train_step", loss, prog_bar=True)
         return loss
 
@@ -196,12 +182,9 @@ class GPTLightning(L.LightningModule):
         """dataloader 0: the validation set, whose batches return each token's loss, (B, T), as ``token_losses``
         (to ``on_validation_batch_end``: PositionLoss averages them by position); 1: the whole training set (see
         TimeMachineData.val_dataloader)."""
-        if dataloader_idx == 0:
-            loss, per_token = self.eval_losses(batch)
-            self.val_loss.update(loss, batch[1].numel())
-            return {"token_losses": per_token}
-        self.train_eval_loss.update(self.loss(batch), batch[1].numel())
-        return None
+        per_token = self.token_losses(batch)
+        (self.val_loss if dataloader_idx == 0 else self.train_eval_loss).update(per_token.mean(), per_token.numel())
+        return {"token_losses": per_token} if dataloader_idx == 0 else None
 
     def on_validation_epoch_end(self) -> None:
         # The metric objects, as on_test_epoch_end logs them: Lightning logs their means across processes and resets
@@ -214,7 +197,7 @@ class GPTLightning(L.LightningModule):
         self.last_validation = None if self.trainer.sanity_checking else results
 
     def test_step(self, batch, batch_idx: int) -> None:
-        loss, tokens = self.loss(batch), batch[1].numel()
+        loss, tokens = self.token_losses(batch).mean(), batch[1].numel()
         self.test_loss.update(loss, tokens)
         self.test_perplexity.update(loss, tokens)
 

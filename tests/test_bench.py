@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpt_lit.data import TimeMachineData
-from gpt_lit.loss import head_cross_entropy, logits_losses, token_losses, vocab_blocked_token_losses
+from gpt_lit.loss import _losses_from_softmax, head_cross_entropy, token_losses, vocab_blocked_token_losses
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
 
@@ -95,8 +95,22 @@ def test_head_cross_entropy_equals_linear_then_cross_entropy():
     assert got.item() == pytest.approx(expected.item(), abs=1e-5)
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
-    with torch.no_grad():  # evaluation: chunks of 7 rows, no graph
-        assert head_cross_entropy(h0, w0, t, chunk=7).item() == pytest.approx(expected.item(), abs=1e-5)
+    with torch.no_grad():  # evaluation: no graph
+        assert head_cross_entropy(h0, w0, t).item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_each_tokens_loss_has_its_own_gradient():
+    # A weighted sum of the per-token losses (what a loss by position would backpropagate): each token's gradient
+    # is scaled by its own weight, as autograd through F.cross_entropy(reduction="none") gives it.
+    torch.manual_seed(1)
+    h0, w0, t = torch.randn(30, 16), torch.randn(200, 16), torch.randint(0, 200, (30,))
+    weights = torch.rand(30)
+    h1, w1 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    h2, w2 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    (F.cross_entropy(F.linear(h1, w1), t, reduction="none") * weights).sum().backward()
+    (token_losses(h2, w2, t) * weights).sum().backward()
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_head_cross_entropy_is_exact_where_the_target_probability_underflows():
@@ -115,7 +129,7 @@ def test_head_cross_entropy_is_exact_where_the_target_probability_underflows():
     # Both ways of taking the losses from the softmax (CPU's, and the GPU's with no host check) are exact.
     expected = F.cross_entropy(logits, t, reduction="none")
     for host_check in (True, False):
-        got = token_losses(logits, logits.softmax(-1), t, host_check)
+        got = _losses_from_softmax(logits, logits.softmax(-1), t, host_check)
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
 
 
@@ -128,21 +142,19 @@ def test_vocab_blocked_token_losses_equal_cross_entropy_per_token(block):
     h[::3] *= 30
     expected = F.cross_entropy(F.linear(h, w), t, reduction="none")
     assert expected.max() > 100  # far rows are there
-    torch.testing.assert_close(vocab_blocked_token_losses(h, w, t, block), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(vocab_blocked_token_losses(h, w, t, words=block), expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_plain_path_is_cross_entropy_to_the_last_bit(dtype):
-    # fp16 and sharded runs take it: its mean, and its gradient, are F.cross_entropy's on the fp32 logits exactly;
-    # each token's loss is F.cross_entropy's per token.
+    # fp16 and sharded runs take it: each token's loss, and its gradient, are F.cross_entropy's on the fp32 logits.
     torch.manual_seed(0)
     logits, t = (torch.randn(50, 300) * 4).to(dtype), torch.randint(0, 300, (50,))
     a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
-    expected = F.cross_entropy(a.float(), t)
-    mean, per_token = logits_losses(b, t)
-    assert torch.equal(mean, expected)
-    torch.testing.assert_close(per_token, F.cross_entropy(a.float(), t, reduction="none"), rtol=0, atol=0)
-    expected.backward(), mean.backward()
+    expected = F.cross_entropy(a.float(), t, reduction="none")
+    per_token = token_losses(b, None, t)
+    assert torch.equal(per_token, expected)
+    expected.mean().backward(), per_token.mean().backward()
     assert torch.equal(a.grad, b.grad)
 
 
@@ -155,8 +167,8 @@ def test_evaluation_losses_equal_cross_entropy_to_float_rounding(precision):
     h, w, t = torch.randn(600, 64), torch.randn(5000, 64) * 0.3, torch.randint(0, 5000, (600,))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
         logits = F.linear(h, w).float()
-        per_token = vocab_blocked_token_losses(h, w, t, rows=256)
-        mean = head_cross_entropy(h, w, t, chunk=256)  # without gradients: the mean of those losses
+        per_token = vocab_blocked_token_losses(h, w, t, tokens=256)
+        mean = head_cross_entropy(h, w, t)  # without gradients: the mean of the same losses, in one tile of tokens
     expected = F.cross_entropy(logits, t, reduction="none")
     assert mean.item() == pytest.approx(expected.mean().item(), rel=1e-6)
     torch.testing.assert_close(per_token, expected, rtol=1e-6, atol=1e-5)

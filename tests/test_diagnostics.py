@@ -37,7 +37,6 @@ from gpt_lit.callbacks import figures as figures_module
 from gpt_lit.callbacks import grad_norms as grad_norms_module
 from gpt_lit.callbacks import similarity as similarity_module
 from gpt_lit.callbacks.figures import add_figure
-from gpt_lit.callbacks.samples import LastPositionLogits, padded_prompts
 from gpt_lit.data import TimeMachineData
 from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning
@@ -294,16 +293,6 @@ def scrambled_module(context_length: int = 16) -> GPTLightning:
         for p in module.model.parameters():
             p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
     return module.eval()
-
-
-def test_one_batch_of_prompts_of_different_lengths_gives_each_prompts_own_last_logits():
-    model = scrambled_module().model
-    prompts = [[40, 2497], [464, 3862, 43662, 6051, 357, 1640, 523, 340, 481, 307, 11282, 284, 2740, 286, 683, 8], [11]]
-    batched = LastPositionLogits(model)(padded_prompts(prompts))  # left-filled with PAD up to 16 tokens
-    assert batched.shape == (3, 1, 50257)
-    for row, ids in zip(batched, prompts, strict=True):
-        alone = model(torch.tensor([ids]))[0, -1]  # the whole GPT on this prompt only: its last position
-        torch.testing.assert_close(row[0], alone, rtol=1e-5, atol=1e-5)
 
 
 def test_samples_of_prompts_of_different_lengths_equal_each_prompt_continued_alone():

@@ -270,8 +270,8 @@ def test_the_checkpoint_size_is_the_chapters_parameters_three_times_in_fp32():
 
 
 def test_fused_loss_help_gives_evaluations_tiles(help_text):
-    """``vocab_blocked_token_losses`` evaluates tiles of ROWS tokens by BLOCK words; the help says so."""
-    from gpt_lit.loss import BLOCK, ROWS
+    """``vocab_blocked_token_losses`` evaluates tiles of TILE_TOKENS tokens by TILE_WORDS words; the help says so."""
+    from gpt_lit.loss import TILE_TOKENS, TILE_WORDS
 
     entry = " ".join(help_text.split("\n  --model.fused_loss ", 1)[1].split("\n  --", 1)[0].split())
-    assert f"evaluation in tiles of {ROWS} tokens x {BLOCK} words" in entry
+    assert f"evaluation in tiles of {TILE_TOKENS} tokens x {TILE_WORDS} words" in entry

@@ -15,7 +15,6 @@ from gpt_lit.model import (
     CausalSelfAttention,
     FeedForward,
     GPTConfig,
-    KVCache,
     LayerNorm,
     count_params,
     generate,
@@ -172,29 +171,6 @@ def test_the_written_out_weights_are_those_the_forward_mixes_the_values_with():
         torch.testing.assert_close(attn.proj((w @ v).transpose(1, 2).reshape(2, 6, 16)), attn(x), rtol=1e-5, atol=1e-5)
 
 
-def test_the_kv_cache_gives_each_rows_new_token_the_stream_of_a_whole_pass():
-    """Rows at different positions (prompts of different lengths) go on one token at a time through the cache; each
-    new token's stream equals the whole sequence's pass at that position."""
-    torch.manual_seed(3)
-    model = GPT(GPTConfig(vocab_size=50, context_length=16, emb_dim=16, n_layers=2, n_heads=2)).eval()
-    for p in model.parameters():
-        nn.init.normal_(p, std=0.5)
-    idx = torch.randint(0, 50, (3, 12))
-    with torch.no_grad():
-        whole = model.hidden_states(idx)  # (3, 12, 16)
-        cache = KVCache(2)
-        first = model.hidden_states(idx[:, :5], cache)  # every row's first 5 tokens, kept
-        torch.testing.assert_close(first, whole[:, :5], rtol=1e-5, atol=1e-5)
-        pos = torch.tensor([5, 2, 3])  # row 1 had 2 tokens, row 2 had 3: what they hold past that is overwritten
-        cache.pos = pos
-        rows = torch.arange(3)
-        for _ in range(6):
-            got = model.hidden_states(idx[rows, pos][:, None], cache)  # (3, 1, 16)
-            torch.testing.assert_close(got[:, 0], whole[rows, pos], rtol=1e-5, atol=1e-5)
-            pos = pos + 1
-            assert torch.equal(cache.pos, pos)
-
-
 def test_qkv_layout_is_gpt2s():
     """q, k, v are three consecutive emb_dim slices of the fused output; heads are consecutive head_dim slices."""
     attn = CausalSelfAttention(8, 2, 4, 0.0).eval()
@@ -253,13 +229,15 @@ def test_too_long_sequence_is_a_clear_error():
 
 
 class Recorder(torch.nn.Module):
-    """A stand-in for the model that records each input it is given and always predicts (last token + 1)."""
+    """A stand-in for the model that records each input it is given and always predicts (last token + 1): its
+    stream is the logits already, and its final norm and head pass them on."""
 
     def __init__(self, context_length: int, vocab_size: int = 100):
         super().__init__()
         self.cfg, self.seen = GPTConfig(context_length=context_length, vocab_size=vocab_size), []
+        self.final_norm, self.head = nn.Identity(), nn.Identity()
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
         if idx.shape[1] > self.cfg.context_length:
             raise ValueError("longer than context_length")
         self.seen.append(idx.clone())
@@ -293,14 +271,38 @@ def test_generate_on_a_real_model_continues_from_the_last_context_length_tokens(
         assert torch.equal(out[:, -1], model(prompt[:, -8:])[:, -1].argmax(-1))
 
 
+@torch.no_grad()
+def chapters_generate(model, idx, max_new_tokens):
+    """The chapter's ``generate``, as the book prints it."""
+    model.eval()
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -model.cfg.context_length :])
+        next_id = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        idx = torch.cat([idx, next_id], dim=1)
+    return idx
+
+
+def test_greedy_generate_writes_what_the_chapters_loop_writes():
+    """Two prompts of 3 tokens, 14 new tokens each: past the context of 8, where the window slides."""
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(vocab_size=64, emb_dim=32, n_heads=2, n_layers=2, context_length=8))
+    for p in model.parameters():  # logits far apart, so float rounding cannot change an argmax
+        nn.init.normal_(p, std=0.5)
+    prompt = torch.randint(0, 64, (2, 3))
+    expected = chapters_generate(model, prompt, 14)
+    assert all(len(set(row[3:].tolist())) > 2 for row in expected)  # not one token over and over
+    assert torch.equal(generate(model, prompt, 14), expected)
+
+
 class FixedLogits(torch.nn.Module):
     """A stand-in for the model whose next-token logits are always ``logits``, so sampling's law is known."""
 
     def __init__(self, logits: torch.Tensor):
         super().__init__()
         self.logits, self.cfg = logits, GPTConfig(context_length=8)
+        self.final_norm, self.head = nn.Identity(), nn.Identity()
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
         return self.logits.expand(*idx.shape, -1)
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-import torch.nn as nn
 
 from gpt_lit.callbacks.after_validation import AfterValidation, Validation
 from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.callbacks.tensorboard_log import is_fresh_start, tensorboard_writers
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
-from gpt_lit.model import GPT, KVCache, generate
+from gpt_lit.model import generate
 from gpt_lit.tokenizer import encode, get_tokenizer
 
 
@@ -21,62 +20,6 @@ def sample_markdown(prompt: str, text: str) -> str:
     An early model often writes nothing but line breaks; drawn as breaks, its entry would look empty.
     """
     return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
-
-
-PAD = -1  # fills the left of the shorter prompts: not a token ID
-
-
-class LastPositionLogits(nn.Module):
-    """The GPT as ``generate`` sees it, for a batch of prompts of different lengths: each row's logits for its last
-    token, (B, 1, vocab_size), as the GPT run on that row alone would give them.
-
-    The rows come left-filled with ``PAD`` (``generate`` appends each row's next token on the right and crops
-    on the left). Each row is moved to start at position 0, as it would alone; what follows its last token
-    (copies of it) cannot change that token's output, as attention is causal. The output head, a 256 x 50257
-    matrix read whole for every new token, runs on the last positions only (``generate`` reads nothing else),
-    as a matrix-times-vectors product.
-
-    The model's ``KVCache`` keeps each block's keys and values: when a call's rows are the last call's plus one
-    token each, the blocks run on that token alone, at each row's own position. Any other call (the first, or
-    once ``generate`` crops the rows to the context and every position moves) runs the whole rows and keeps
-    their keys and values.
-    """
-
-    def __init__(self, gpt: GPT):
-        super().__init__()
-        self.gpt, self.cfg = gpt, gpt.cfg
-        self.seen: torch.Tensor | None = None  # (B, T) the last call's rows
-        self.cache: KVCache | None = None  # the keys and values of the rows so far; its pos: each row's length
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        seen, self.seen = self.seen, idx
-        extends = seen is not None and idx.shape[1] == seen.shape[1] + 1 and torch.equal(idx[:, :-1], seen)
-        if extends and int(self.cache.pos.max()) < self.cfg.context_length:
-            hidden = self.gpt.hidden_states(idx[:, -1:], self.cache)  # (B, 1, emb_dim): the new tokens alone
-        else:
-            hidden = self.whole_rows(idx)  # (B, 1, emb_dim)
-        normed = self.gpt.final_norm(hidden)[:, 0]  # (B, emb_dim)
-        # The head as (vocab_size, C) @ (C, B): the weight read row by row, faster on a CPU than the head's own
-        # (B, C) @ (C, vocab_size) for a few rows (docs/performance.md).
-        # The same logits to float rounding (1e-5).
-        return (self.gpt.head.weight @ normed.T).T[:, None]  # (B, 1, vocab_size); the head has no bias
-
-    def whole_rows(self, idx: torch.Tensor) -> torch.Tensor:
-        """Every row from position 0, its keys and values kept: the stream at each row's last token, (B, 1, C)."""
-        B, T = idx.shape
-        lengths = (idx != PAD).sum(dim=1)  # (B,) each row's tokens, all at its right end
-        cols = (torch.arange(T, device=idx.device) + (T - lengths)[:, None]).clamp(max=T - 1)  # (B, T)
-        aligned = idx.gather(1, cols)  # (B, T): each row's tokens from position 0, then its last token repeated
-        self.cache = KVCache(self.cfg.n_layers)
-        hidden = self.gpt.hidden_states(aligned, self.cache)  # (B, T, emb_dim)
-        self.cache.pos = lengths  # each row's next token goes right after its own last one
-        return hidden[torch.arange(B, device=idx.device), lengths - 1][:, None]  # (B, 1, emb_dim)
-
-
-def padded_prompts(prompts: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
-    """The prompts' token IDs as one (B, longest) tensor, each row filled on the left with ``PAD``."""
-    longest = max(len(ids) for ids in prompts)
-    return torch.tensor([[PAD] * (longest - len(ids)) + ids for ids in prompts], device=device)
 
 
 class Samples(AfterValidation):
@@ -108,13 +51,12 @@ class Samples(AfterValidation):
         enc, model = get_tokenizer(), pl_module.model
         was_training = model.training
         try:
-            prompts = [encode(prompt) for prompt in self.prompts]  # as data.prompts are
-            with diagnostic_threads():  # 30 small sequential forward passes: one thread if the CPU is shared
-                # the chapter's greedy loop, every prompt at once
-                out = generate(
-                    LastPositionLogits(model), padded_prompts(prompts, pl_module.device), self.max_new_tokens
-                )
-            return [enc.decode([t for t in row if t != PAD]) for row in out.tolist()]
+            with diagnostic_threads():  # small sequential forward passes: one thread if the CPU is shared
+                rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
+                    generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
+                    for prompt in self.prompts
+                ]
+            return [enc.decode(row.tolist()) for row in rows]
         finally:
             model.train(was_training)  # generate() switches the model to eval mode and leaves it there
 
