@@ -84,6 +84,10 @@ def test_each_attention_row_sums_to_one_and_is_the_written_out_softmax(residual)
         assert w.shape == (2, 3, T, T) and w.dtype == torch.float32
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, T))
         torch.testing.assert_close(w, written_out_weights(blk, h["attn_x"]), atol=1e-5, rtol=1e-4)
+        # The model's own attention (scaled_dot_product_attention) is these weights times v, then proj.
+        v = F.linear(h["attn_x"], blk.attn.qkv.weight, blk.attn.qkv.bias)[..., 48:].view(2, T, 3, 8).transpose(1, 2)
+        torch.testing.assert_close(blk.attn.proj((w @ v).transpose(1, 2).reshape(2, T, 24)), h["attn"], atol=1e-5,
+                                   rtol=1e-5)  # fmt: skip
     assert max(w.max().item() for w in weights) > 0.9  # sharp: the scaled-up weights make a difference
 
 
@@ -173,11 +177,17 @@ def test_position_similarity_is_the_mean_cosine_over_pairs_of_positions():
 
 
 def test_loss_by_position_and_by_octave():
-    losses = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]])
-    assert measure.position_means(losses).tolist() == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
-    centres, means = measure.octave_means([2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
-    assert means == [2.0, 3.5, 7.0]  # positions 1; 2-3; 4-8 (the last octave runs to the end)
-    assert centres == pytest.approx([1.0, math.sqrt(6), math.sqrt(32)])
+    """Octaves 1, 2-3, 4-7 and the last from 8 to the end (8-15 and a short 16-20 are one), by hand on 20 losses."""
+    losses = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])
+    assert measure.position_means(losses).tolist() == [2.0, 3.0, 4.0]
+    squares = [float(p * p) for p in range(1, 21)]  # position p's loss: p squared
+    centres, means = measure.octave_means(squares)
+    octaves = [(1, 1), (2, 3), (4, 7), (8, 20)]
+    assert means == pytest.approx([sum(p * p for p in range(lo, hi + 1)) / (hi - lo + 1) for lo, hi in octaves])
+    assert centres == pytest.approx([math.sqrt(lo * hi) for lo, hi in octaves])
+    centres, means = measure.octave_means([5.0] * 32)  # 32 positions: the last octave is 16-32
+    assert centres == pytest.approx([1.0, math.sqrt(6), math.sqrt(28), math.sqrt(120), math.sqrt(16 * 32)])
+    assert means == pytest.approx([5.0] * 5)
 
 
 def test_unigram_entropy_is_the_entropy_of_token_frequencies():
