@@ -36,6 +36,6 @@ class PositionSimilarity(Probe):
         self.history.append({"step": step, "epoch": epoch, "blocks": blocks})  # epoch 0: the start
         if self.figure and epoch > 0:  # after a validation (the start is drawn with the first)
             last = run_epochs(trainer)
-            draw = lambda ax: draw_by_block(ax, self.history, last, "similarity", None)  # noqa: E731
-            show(trainer, "figures/similarity_by_block", step, self.chart, draw)
+            show(trainer, "figures/similarity_by_block", step, self.chart,
+                 lambda ax: draw_by_block(ax, self.history, last, "similarity", None))  # fmt: skip
         return {**{f"similarity/block_{i}": v for i, v in enumerate(blocks, 1)}, "similarity/positions": blocks[-1]}
