@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from gpt_lit.book_source import BOOK_FILE, default_data_dir, ensure_book, load_book
 from gpt_lit.epoch_order import GlobalOrderSampler, TrainLoader, batch_settings, check_same_batches
 from gpt_lit.errors import GptLitError, say
+from gpt_lit.measure import unigram_entropy
 from gpt_lit.prompts import Prompts, read_prompts
 from gpt_lit.tokenizer import encode, get_tokenizer
 from gpt_lit.windows import TokenWindows, skipped_text
@@ -94,7 +95,8 @@ class TimeMachineData(L.LightningDataModule):
         self.multiprocessing_context = multiprocessing_context
         self.prompts, self.prompts_file = list(prompts or []), prompts_file
         self.tokenizer = get_tokenizer(tokenizer)
-        self.book_ids: torch.Tensor | None = None  # the whole story's tokens (for the unigram baseline)
+        self.book_ids: torch.Tensor | None = None  # the whole story's tokens
+        self.unigram_floor: float | None = None  # their unigram entropy, in nats: the loss of a model without context
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
         self.predict_set: Prompts | None = None
@@ -138,6 +140,7 @@ class TimeMachineData(L.LightningDataModule):
         split = int(self.train_fraction * len(text))
         ids = lambda s: torch.tensor(encode(s), dtype=torch.long)  # noqa: E731
         self.book_ids = ids(text)
+        self.unigram_floor = unigram_entropy(self.book_ids)
         self.train_set = TokenWindows(ids(text[:split]), self.context_length, self.stride)
         self.val_set = TokenWindows(ids(text[split:]), self.context_length, self.stride)
         for name, ds in (("training", self.train_set), ("validation", self.val_set)):

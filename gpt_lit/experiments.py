@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gpt_lit.callbacks.similarity import block_similarities, mean_position_similarity
 from gpt_lit.loss import token_losses
+from gpt_lit.measure import position_similarity, record_blocks
 from gpt_lit.model import GELU, GPT, GPTConfig, LayerNorm, count_params, generate
 from gpt_lit.tokenizer import get_tokenizer
 
@@ -118,7 +118,7 @@ def residual_experiment(residual: bool, n_layers: int = 12, seed: int = 123) -> 
     Seed 123; a GPT 256 wide with 4 heads, ``n_layers`` blocks, a context of 64 and no dropout, with or
     without residual connections; one batch x of 4 random sequences of 64 tokens and random targets y
     (drawn in that order, after the model); cross-entropy of model(x)'s logits against y; one backward pass. The
-    similarity is also taken after every block (``block_similarities``, what ``PositionSimilarity`` logs).
+    similarity is also taken after every block (``measure.position_similarity``, what ``PositionSimilarity`` logs).
     """
     torch.manual_seed(seed)
     cfg = GPTConfig(emb_dim=256, n_heads=4, n_layers=n_layers, context_length=64, dropout=0.0, residual=residual)
@@ -130,8 +130,8 @@ def residual_experiment(residual: bool, n_layers: int = 12, seed: int = 123) -> 
     grad_norms = [blk.ffn.fc.weight.grad.norm().item() for blk in model.blocks]
     with torch.no_grad():
         hidden = model.hidden_states(x[:1])  # (1, 64, 256): the first sequence, before the final norm
-    by_block = block_similarities(model, x[:1])
-    return ResidualExperiment(grad_norms, mean_position_similarity(hidden).item(), loss.item(), by_block)
+        by_block = [position_similarity(out).item() for out in record_blocks(model, x[:1]).block_out]
+    return ResidualExperiment(grad_norms, position_similarity(hidden).item(), loss.item(), by_block)
 
 
 def untrained_gpt2(seed: int = 123, tie_weights: bool = False) -> GPT:

@@ -48,12 +48,12 @@ DIAGNOSTICS = ("BlockGradNorms", "PositionSimilarity", "UnigramBaseline", "Chapt
 
 @functools.cache
 def residual_text_without(callbacks: tuple[str, ...]) -> str:
-    """configs/residual.yaml's text without the entries of the ``gpt_lit.callbacks`` named (each with its init_args
-    and comment lines), everything else as shipped."""
+    """configs/residual.yaml's text without the entries of the callbacks named (``gpt_lit.diagnostics.X``,
+    ``gpt_lit.callbacks.X``; each with its init_args and comment lines), everything else as shipped."""
     kept, dropping = [], False
     for line in (REPO / "configs" / "residual.yaml").read_text().splitlines(True):
-        if line.strip().startswith("- class_path: gpt_lit.callbacks."):
-            dropping = line.split("gpt_lit.callbacks.", 1)[1].split()[0] in callbacks
+        if line.strip().startswith(("- class_path: gpt_lit.callbacks.", "- class_path: gpt_lit.diagnostics.")):
+            dropping = line.split("class_path: ", 1)[1].split()[0].rsplit(".", 1)[1] in callbacks
         elif dropping and len(line) - len(line.lstrip()) <= 4:  # the next entry or key: the dropped one has ended
             dropping = False
         if not dropping:

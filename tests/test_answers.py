@@ -15,8 +15,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lit.book_source import default_data_dir, load_book
-from gpt_lit.callbacks import BlockGradNorms, PositionSimilarity, mean_position_similarity
 from gpt_lit.data import TimeMachineData
+from gpt_lit.diagnostics import BlockGradNorms, PositionSimilarity
+from gpt_lit.measure import position_similarity
 from gpt_lit.model import GPT, GPTConfig
 from gpt_lit.module import GPTLightning
 from gpt_lit.run.cli import main
@@ -145,13 +146,13 @@ def test_logged_grad_norms_are_the_norms_of_the_gradients(diagnosed):
             assert value == pytest.approx(torch.linalg.vector_norm(block.ffn.fc.weight.grad).item(), rel=1e-4)
 
 
-def test_logged_similarity_is_mean_position_similarity_of_the_first_validation_windows(diagnosed):
+def test_logged_similarity_is_position_similarity_of_the_first_validation_windows(diagnosed):
     cfg, data, module, capture, logged = diagnosed
     windows = torch.stack([data.val_set[i][0] for i in range(8)])
     start = GPT(cfg)
     start.load_state_dict(capture.steps[0][0])  # the weights before the first step
     with torch.no_grad():
-        expected = [mean_position_similarity(m.eval().hidden_states(windows)).item() for m in (start, module.model)]
+        expected = [position_similarity(m.eval().hidden_states(windows)).mean().item() for m in (start, module.model)]
     values = [v for _, v in logged["similarity/positions"]]
     assert [values[0], values[-1]] == pytest.approx(expected, abs=1e-6)
     assert abs(expected[0] - expected[1]) > 1e-4  # training moved it: the two checks are of different models

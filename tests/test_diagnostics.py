@@ -24,20 +24,10 @@ from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
 from gpt_lit.book_source import default_data_dir, load_book
-from gpt_lit.callbacks import (
-    BlockGradNorms,
-    ChapterFigures,
-    PositionSimilarity,
-    RunsTable,
-    Samples,
-    UnigramBaseline,
-    mean_position_similarity,
-)
-from gpt_lit.callbacks import figures as figures_module
-from gpt_lit.callbacks import grad_norms as grad_norms_module
-from gpt_lit.callbacks import similarity as similarity_module
-from gpt_lit.callbacks.figures import add_figure
+from gpt_lit.callbacks import Samples
 from gpt_lit.data import TimeMachineData
+from gpt_lit.diagnostics import BlockGradNorms, ChapterFigures, PositionSimilarity, RunsTable, UnigramBaseline
+from gpt_lit.measure import position_similarity
 from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning
 from gpt_lit.tokenizer import get_tokenizer
@@ -47,20 +37,10 @@ CLIP = 1e-3  # clip the total gradient norm far below any block's: the logged no
 PROMPTS = ["The Time Traveller", "I saw"]
 NEW_TOKENS = 8
 EPOCH_ENDS = [1, 3]  # 2 steps an epoch: self.log puts the epoch-end losses at the last step's index
-DRAWN: list[tuple[str, int, object]] = []  # the module's run: every figure drawn, (tag, step, Figure)
 
 
-FIGURE_MODULES = (figures_module, grad_norms_module, similarity_module)  # each draws through its own add_figure
-
-
-def fit_tiny(tmp_path, callbacks: list, drawn: list | None = None) -> tuple[L.Trainer, GPTLightning, TimeMachineData]:
-    """The tiny fit (seed 123, 2 epochs of 2 steps, one validation batch), each figure drawn kept in ``drawn`` as
-    (tag, step, Figure), to read its lines' data."""
-
-    def recording(writers, tag, fig, step):
-        drawn.append((tag, step, fig))
-        add_figure(writers, tag, fig, step)
-
+def fit_tiny(tmp_path, callbacks: list) -> tuple[L.Trainer, GPTLightning, TimeMachineData]:
+    """The tiny fit (seed 123, 2 epochs of 2 steps, one validation batch)."""
     L.seed_everything(123)
     data = TimeMachineData(context_length=32, stride=128, batch_size=4, eval_batch_size=8)
     model = GPTLightning(GPTConfig(context_length=32, emb_dim=32, n_layers=N_LAYERS, n_heads=2))
@@ -76,10 +56,7 @@ def fit_tiny(tmp_path, callbacks: list, drawn: list | None = None) -> tuple[L.Tr
         log_every_n_steps=2,
         gradient_clip_val=CLIP,
     )
-    with pytest.MonkeyPatch.context() as patch:
-        for module in FIGURE_MODULES if drawn is not None else ():
-            patch.setattr(module, "add_figure", recording, raising=False)
-        trainer.fit(model, data)
+    trainer.fit(model, data)
     return trainer, model, data
 
 
@@ -95,7 +72,7 @@ def run(tmp_path_factory):
         Samples(PROMPTS, max_new_tokens=NEW_TOKENS),
         RunsTable(),
     ]
-    trainer, model, data = fit_tiny(tmp_path, callbacks, DRAWN)
+    trainer, model, data = fit_tiny(tmp_path, callbacks)
     logger = trainer.logger
     acc = EventAccumulator(logger.log_dir, size_guidance={SCALARS: 0, TENSORS: 0, IMAGES: 0})
     acc.Reload()
@@ -152,7 +129,7 @@ def by_hand_block_similarities(module: GPTLightning, idx: torch.Tensor) -> list[
         sims = []
         for block in gpt.blocks:
             x = block(x)
-            sims.append(mean_position_similarity(x).item())
+            sims.append(position_similarity(x).mean().item())
     return sims
 
 
@@ -213,7 +190,7 @@ def test_the_chapters_three_figures_are_images_every_epoch(run):
         image = events.Images(tag)[-1]
         pixels = matplotlib.image.imread(io.BytesIO(image.encoded_image_string), format="png")  # a real PNG
         assert pixels.shape[:2] == (image.height, image.width) == (400, 700), tag
-    assert sorted((step, tag) for tag, step, _ in DRAWN) == [(step, tag) for step in EPOCH_ENDS for tag in figures]
+        assert [e.step for e in events.Images(tag)] == EPOCH_ENDS, tag
 
 
 def test_the_callbacks_order_does_not_change_the_figures(run, tmp_path):
@@ -230,12 +207,14 @@ def test_the_callbacks_order_does_not_change_the_figures(run, tmp_path):
         assert got == [(e.step, e.encoded_image_string) for e in run[3].Images(tag)], tag
 
 
-def last_figure(run, tag: str):
-    return [fig for t, _, fig in DRAWN if t == tag][-1]
+def last_figure(run, kind: type):
+    """The figure the run's ``kind`` callback drew last (one figure per chart, drawn again each validation)."""
+    [callback] = [cb for cb in run[0].callbacks if isinstance(cb, kind)]
+    return callback.chart.fig
 
 
 def test_the_loss_figure_draws_the_logged_training_and_validation_losses_and_the_floor(run, events):
-    ax = last_figure(run, "figures/losses").axes[0]
+    ax = last_figure(run, ChapterFigures).axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert set(lines) == {"with residuals, train", "with residuals, validation", "unigram floor 6.350"}
     train, val = lines["with residuals, train"], lines["with residuals, validation"]
@@ -248,14 +227,14 @@ def test_the_loss_figure_draws_the_logged_training_and_validation_losses_and_the
 
 
 def test_the_grad_norm_figure_draws_each_blocks_last_logged_norm_in_block_order(run, events):
-    [line] = last_figure(run, "figures/grad_norm_by_block").axes[0].get_lines()
+    [line] = last_figure(run, BlockGradNorms).axes[0].get_lines()
     assert list(line.get_xdata()) == list(range(1, N_LAYERS + 1))
     logged = [values(events, f"grad_norm/block_{i}")[-1] for i in range(1, N_LAYERS + 1)]
     assert list(line.get_ydata()) == pytest.approx(logged, abs=1e-6)
 
 
 def test_the_similarity_figure_draws_one_line_per_epoch_so_far_in_block_order(run, events):
-    lines = last_figure(run, "figures/similarity_by_block").axes[0].get_lines()
+    lines = last_figure(run, PositionSimilarity).axes[0].get_lines()
     assert [line.get_label() for line in lines] == ["start", "epoch 0", "epoch 1"]  # counted from 0
     for i, line in enumerate(lines):  # the start, then each epoch's end
         assert list(line.get_xdata()) == list(range(1, N_LAYERS + 1))
@@ -336,7 +315,7 @@ def test_a_writer_closed_by_an_earlier_run_takes_the_next_runs_records(tmp_path)
     then ``fit``) writes the runs table's rows into the file again, and nothing else."""
     from types import SimpleNamespace
 
-    from gpt_lit.callbacks.runs_table import add_summaries, session_end_summary
+    from gpt_lit.diagnostics.runs_table import add_summaries, session_end_summary
 
     logger = TensorBoardLogger(str(tmp_path), name="run")
     trainer = SimpleNamespace(is_global_zero=True, sanity_checking=False, loggers=[logger])
@@ -352,11 +331,11 @@ def test_a_writer_closed_by_an_earlier_run_takes_the_next_runs_records(tmp_path)
 @pytest.mark.parametrize("norms", [[0.26, 0.15, 0.12, 0.115], [0.01, 0.05, 0.3, 0.9], [0.4, 0.4, 0.4, 0.4]])
 def test_the_grad_norm_figures_step_label_covers_no_point(norms):
     """The label "training step N" sits in the axes' top left, where block 1's norm is when it is the largest."""
-    from gpt_lit.callbacks.figures import grad_norm_figure
+    from gpt_lit.diagnostics.figures import Chart, draw_grad_norms
 
-    fig = grad_norm_figure(norms, 189)
-    fig.draw_without_rendering()  # the texts laid out
-    ax = fig.axes[0]
+    chart = Chart()
+    draw_grad_norms(ax := chart.axes(legend=False), norms, 189)
+    chart.fig.draw_without_rendering()  # the texts laid out
     [label] = ax.texts
     box = label.get_window_extent().padded(5)  # and a marker's radius (markersize 6 points: 4 pixels)
     for x, y in ax.transData.transform(list(zip(range(1, len(norms) + 1), norms, strict=True))):

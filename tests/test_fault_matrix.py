@@ -114,7 +114,7 @@ EVERY_STEP = {"every_n_train_steps": 1, "save_top_k": 2, "monitor": "loss/train_
 def config_args(config: str, folder: Path) -> list[str]:
     shipped = (REPO / "configs/residual.yaml").read_text()
     # Without the Throughput callback: its rates are wall-clock times, never the same in two runs.
-    shipped = "".join(line for line in shipped.splitlines(True) if "gpt_lit.callbacks.Throughput" not in line)
+    shipped = "".join(line for line in shipped.splitlines(True) if "gpt_lit.diagnostics.Throughput" not in line)
     text = {
         "shipped": shipped,
         "async": shipped,

@@ -1,10 +1,11 @@
 """AttentionMaps' pieces without a training run: the heads' image, the tokens' labels, the figure's texts, and what
 the callback logs after a validation (scalars and images), each checked against values written out here. In
 milliseconds to seconds, so that mutation testing (docs/testing.md) runs these for every mutant of
-gpt_lit/callbacks/attention.py."""
+gpt_lit/diagnostics/attention.py and the attention figure of gpt_lit/diagnostics/figures.py."""
 
 import io
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,16 +13,10 @@ import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gpt_lit.callbacks.attention import (
-    AttentionFigure,
-    AttentionMaps,
-    attention_figure,
-    attention_figure_for,
-    attention_title,
-    attention_when,
-    heads_image,
-    token_labels,
-)
+from gpt_lit.diagnostics.attention import AttentionMaps, token_labels
+from gpt_lit.diagnostics.figures import AttentionChart, attention_figure, attention_title, heads_image, when
+from gpt_lit.measure import attention_entropy, attention_weights, record_blocks
+from gpt_lit.model import GPT, GPTConfig
 
 NAN = math.nan
 
@@ -41,12 +36,12 @@ def test_the_heads_image_puts_heads_side_by_side_white_above_the_diagonal_and_be
 
 
 def test_when_the_weights_were_measured_and_the_title():
-    assert attention_when(0) == "at the start"
-    assert attention_when(0.0, 4) == "at the start"
-    assert attention_when(3) == "after epoch 2"
-    assert attention_when(1.0, 7) == "after epoch 0"
-    assert attention_when(2.5, 17) == "epoch 2, step 17"
-    assert attention_when(2.5) == "epoch 2"
+    assert when(0, after=True) == "at the start"
+    assert when(0.0, 4, after=True) == "at the start"
+    assert when(3, after=True) == "after epoch 2"
+    assert when(1.0, 7, after=True) == "after epoch 0"
+    assert when(2.5, 17, after=True) == "epoch 2, step 17"
+    assert when(2.5, after=True) == "epoch 2"
     assert attention_title(3) == "Block 3: where each token (row) looks among the tokens up to it (columns)"
 
 
@@ -78,42 +73,57 @@ def tensorboard_trainer(tmp_path):
     return L.Trainer(logger=logger, max_epochs=3, enable_progress_bar=False, enable_model_summary=False), logger
 
 
+def tiny_module(seed: int = 0) -> SimpleNamespace:
+    """What the callback reads of a LightningModule: a GPT (3 blocks, 2 heads, weights scaled up), its device."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(context_length=8, emb_dim=8, n_layers=3, n_heads=2)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(20.0)
+    return SimpleNamespace(model=model, device=torch.device("cpu"))
+
+
+def fit_start(probe: AttentionMaps, ids: list[int]) -> None:
+    """The callback's start of a fit whose first validation window is ``ids`` (no logger: nothing measured)."""
+    window = torch.tensor(ids)
+    trainer = SimpleNamespace(strategy=None, datamodule=SimpleNamespace(val_set=[(window, window)]), ckpt_path=None,
+                              loggers=[], is_global_zero=True)  # fmt: skip
+    probe.on_train_start(trainer, None)
+
+
 def test_after_a_validation_each_blocks_entropy_and_image_reach_tensorboard(tmp_path):
     from conftest import figure_pixels
 
     trainer, logger = tensorboard_trainer(tmp_path)
     probe = AttentionMaps(num_tokens=4)
-    probe.batch = torch.tensor([[464, 3862, 43662, 6051, 198, 531]])  # the fixed batch, as fit's start picks it
-    probe.prepare(trainer)
-    moments = [(0, 0.0), (6, 1.0), (9, 1.5)]  # the start, after epoch 0, mid epoch 1
-    sentences = {step: [causal_weights(2, 4, seed=step + b) for b in range(3)] for step, _ in moments}
-    for step, epoch in moments:
-        probe.record(trainer, None, step, epoch, (sentences[step], [0.5 + step, 1.5 + step, 2.5 + step]))
-    logger.experiment.flush()
-    acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
-    acc.Reload()
-    assert sorted(acc.Tags()["scalars"]) == [f"attention/entropy/block_{b}" for b in (1, 2, 3)]
+    fit_start(probe, [464, 3862, 43662, 6051, 198, 531])
     labels = ["The", " Time", " Trave", "ller"]
-    for b in (1, 2, 3):
-        got = [(e.step, e.value) for e in acc.Scalars(f"attention/entropy/block_{b}")]
-        assert got == [(step, pytest.approx(b - 0.5 + step)) for step, _ in moments]
-        images = acc.Images(f"attention/block_{b}")
-        assert [e.step for e in images] == [step for step, _ in moments]
-        for event, (step, epoch) in zip(images, moments, strict=True):
+    moments = [(0, 0.0), (6, 1.0), (9, 1.5)]  # the start, after epoch 0, mid epoch 1
+    for step, epoch in moments:
+        module = tiny_module(seed=step)  # other weights at each moment
+        scalars = probe.probe(trainer, module, step, epoch)
+        weights = attention_weights(module.model, record_blocks(module.model, probe.inputs))
+        assert scalars == {f"attention/entropy/block_{b}": pytest.approx(attention_entropy(w).mean().item())
+                           for b, w in enumerate(weights, 1)}  # fmt: skip
+        logger.experiment.flush()
+        acc = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+        acc.Reload()
+        for b, w in enumerate(weights, 1):
+            event = acc.Images(f"attention/block_{b}")[-1]
+            assert event.step == step
             pixels = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)))
-            full = figure_pixels(attention_figure(sentences[step][b - 1], labels, block=b, epoch=epoch))
-            if epoch == 1.5:  # "epoch 1, step 9": the step, which attention_figure's own text leaves out
-                full = AttentionFigure(sentences[step][0], labels).pixels(sentences[step][b - 1], b, epoch, step)
+            full = figure_pixels(attention_figure(w[0, :, :4, :4], labels, block=b, epoch=epoch, step=step))
             assert np.array_equal(pixels, full), (b, step)
+    assert len({float(v) for v in scalars.values()}) == 3 and max(scalars.values()) < 0.9 * math.log(4)  # sharp
 
 
 def test_the_labels_follow_the_batch_of_each_fit(tmp_path):
     trainer, _ = tensorboard_trainer(tmp_path)
-    probe = AttentionMaps(num_tokens=2)
+    probe, module = AttentionMaps(num_tokens=2), tiny_module()
     for ids, labels in (([464, 3862, 43662], ["The", " Time"]), ([198, 531], ["↵", " said"])):
-        probe.batch = torch.tensor([ids])
-        probe.prepare(trainer)
-        assert probe.labels == labels
+        fit_start(probe, ids)
+        probe.probe(trainer, module, 1, 1.0)
+        assert [t.get_text() for t in probe.chart.fig.axes[0].texts][-2:] == labels  # left of the rows
 
 
 def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_the_image():
@@ -140,13 +150,13 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     assert cell_w == pytest.approx(cell_h, abs=0.01) and cell_w >= 10  # square cells, large enough to see
     figure = fig.bbox
     # room for the labels and, over the image, for the widest title and "when" (block 99; epoch 998, step 999,999)
-    title, when = fig.texts
-    shown = title.get_text(), when.get_text()
+    title, said = fig.texts
+    shown = title.get_text(), said.get_text()
     title.set_text(attention_title(99))
-    when.set_text(attention_when(998.5, 999_999))
-    widest = title.get_window_extent(renderer).width + when.get_window_extent(renderer).width
+    said.set_text(when(998.5, 999_999))
+    widest = title.get_window_extent(renderer).width + said.get_window_extent(renderer).width
     title.set_text(shown[0])
-    when.set_text(shown[1])
+    said.set_text(shown[1])
     assert figure.height - image.height <= 200 and figure.width - max(image.width, widest) <= 250  # and no more
     texts = [t for t in ax.texts + fig.texts]
     assert len(ax.texts) == n_heads + n_heads * T + T
@@ -181,9 +191,9 @@ def test_the_figures_layout_every_label_at_its_token_inside_the_figure_and_off_t
     assert image.x1 < bar.x0 and bar.x1 <= figure.x1 and bar.width >= 5
     assert (bar.y0, bar.y1) == pytest.approx((image.y0, image.y1), abs=1)  # as tall as the image
     assert cax.get_ylim() == (0.0, 1.0) and cax.get_ylabel() == "attention weight"
-    title, when = fig.texts
-    assert title.get_text() == attention_title(2) and when.get_text() == attention_when(3)
-    t, w = title.get_window_extent(renderer), when.get_window_extent(renderer)
+    title, said = fig.texts
+    assert title.get_text() == attention_title(2) and said.get_text() == "after epoch 2"
+    t, w = title.get_window_extent(renderer), said.get_window_extent(renderer)
     assert t.y0 >= image.y1 and w.y0 >= image.y1 and t.x1 < w.x0  # over the image, side by side
     # "after epoch 3" ends where the image ends, or, over an image narrower than the widest title and "when" with a
     # gap of 0.3 inches (30 pixels) between them, that much right of the image's start
@@ -204,34 +214,19 @@ def test_a_short_sentences_figure_is_as_wide_as_its_title_and_when_need(n_heads,
 
     labels = ["The", " Time", " Trave", "ller", " said"][:T]
     # the widest texts it makes room for: block 99, within epoch 998 at step 999,999
-    fig = attention_figure(causal_weights(n_heads, T), labels, block=99, epoch=998.5)
-    fig.texts[1].set_text(attention_when(998.5, 999_999))
+    fig = attention_figure(causal_weights(n_heads, T), labels, block=99, epoch=998.5, step=999_999)
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
     figure, (ax, cax) = fig.bbox, fig.axes
     image, bar = ax.get_window_extent(renderer), cax.get_window_extent(renderer)
-    title, when = (t.get_window_extent(renderer) for t in fig.texts)
-    assert figure.x0 <= title.x0 and title.x1 < when.x0 and when.x1 <= figure.x1  # both whole, side by side
-    assert title.y0 >= image.y1 and when.y0 >= image.y1
-    assert figure.width <= title.width + when.width + 250  # margins, a gap: no wider than they need
+    title, said = (t.get_window_extent(renderer) for t in fig.texts)
+    assert figure.x0 <= title.x0 and title.x1 < said.x0 and said.x1 <= figure.x1  # both whole, side by side
+    assert title.y0 >= image.y1 and said.y0 >= image.y1
+    assert figure.width <= title.width + said.width + 250  # margins, a gap: no wider than they need
     columns = n_heads * (T + 2) - 2
     assert image.width / columns == pytest.approx(image.height / T, abs=0.01)  # square cells
     assert image.x1 < bar.x0 <= image.x1 + 30 and bar.x1 <= figure.x1  # the bar right of the image, as before
-
-
-def test_a_second_run_in_the_process_reuses_the_figure_and_draws_what_a_full_draw_draws():
-    from conftest import figure_pixels
-
-    labels = ("The", " Time", " Trave", "ller", " said", ",")
-    first = attention_figure_for(labels, n_heads=2)
-    assert attention_figure_for(labels, n_heads=2) is first  # made once a process
-    assert attention_figure_for(labels, n_heads=4) is not first and attention_figure_for(labels[:5], 2) is not first
-    # one run's epochs, then a second run's start and first epoch, with the same sentence and heads
-    for run, (block, epoch) in enumerate([(1, 2), (2, 3), (1, 0), (2, 1)]):
-        weights = causal_weights(2, len(labels), seed=run)
-        full = figure_pixels(attention_figure(weights, list(labels), block=block, epoch=epoch))
-        assert np.array_equal(attention_figure_for(labels, 2).pixels(weights, block, epoch), full), (block, epoch)
 
 
 def test_a_validation_within_an_epoch_is_drawn_with_its_step():
@@ -240,7 +235,6 @@ def test_a_validation_within_an_epoch_is_drawn_with_its_step():
 
     labels = [f" w{i}" for i in range(24)]
     weights = causal_weights(2, 24)
-    full = attention_figure(weights, labels, block=1, epoch=1.5)
-    full.texts[1].set_text(attention_when(1.5, 7))
+    full = attention_figure(weights, labels, block=1, epoch=1.5, step=7)
     assert full.texts[1].get_text() == "epoch 1, step 7"
-    assert np.array_equal(AttentionFigure(weights, labels).pixels(weights, 1, 1.5, 7), figure_pixels(full))
+    assert np.array_equal(AttentionChart(labels, 2).pixels(weights, 1, 1.5, 7), figure_pixels(full))

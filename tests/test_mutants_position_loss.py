@@ -1,6 +1,6 @@
 """PositionLoss without a training run: its figure's content, the scalars and images it logs after a validation, what a
 checkpoint keeps of it, its unigram floor. Each value is checked against one computed here by hand; in milliseconds,
-so that mutation testing (docs/testing.md) runs these for every mutant of gpt_lit/callbacks/position_loss.py."""
+so that mutation testing (docs/testing.md) runs these for every mutant of gpt_lit/diagnostics/position_loss.py."""
 
 import io
 import math
@@ -30,8 +30,7 @@ def by_hand(values: list[float]) -> tuple[list[float], list[float]]:
 
 
 def test_the_figure_shows_each_validations_positions_faint_its_octaves_bold_and_the_floor():
-    from gpt_lit.callbacks.figures import epoch_colour
-    from gpt_lit.callbacks.position_loss import position_figure
+    from gpt_lit.diagnostics.figures import epoch_colour
 
     history = [{"step": 4, "epoch": 1, "losses": losses(0.5)}, {"step": 8, "epoch": 2, "losses": losses(0.0)}]
     fig = position_figure(history, 4.25, last=3)
@@ -57,12 +56,12 @@ def test_the_figure_shows_each_validations_positions_faint_its_octaves_bold_and_
     assert ax.get_title() == "Validation loss at each position (faint) and per octave of positions"
     assert ax.get_xlabel() == "position: tokens of context seen (log scale)"
     assert ax.get_ylabel() == "validation loss (nats)"
-    long = position_figure([{"step": 1, "epoch": 1, "losses": [1.0] * 1024}], None).axes[0]
+    long = position_figure([{"step": 1, "epoch": 1, "losses": [1.0] * 1024}], None, None).axes[0]
     assert list(long.get_xticks()) == [2**k for k in range(11)]  # every power of 2 up to the context length
 
 
 def test_octave_means_of_one_and_of_three_positions():
-    from gpt_lit.callbacks.position_loss import octave_means
+    from gpt_lit.measure import octave_means
 
     assert octave_means([2.0]) == ([1.0], [2.0])
     centres, means = octave_means([2.0, 4.0, 9.0, 5.0])  # 1, then 2-4: a fourth position makes no octave alone
@@ -70,12 +69,22 @@ def test_octave_means_of_one_and_of_three_positions():
     assert octave_means([]) == ([], [])
 
 
-def tensorboard_trainer(tmp_path):
-    import lightning as L
+def position_figure(history, floor, last):
+    from gpt_lit.diagnostics.figures import Chart, draw_positions
+
+    draw_positions((chart := Chart()).axes(), history, floor, last)
+    return chart.fig
+
+
+def tensorboard_trainer(tmp_path, datamodule=None):
+    """What the callback reads of a Trainer in fit, with a TensorBoard logger."""
     from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.trainer.states import TrainerFn
 
     logger = TensorBoardLogger(str(tmp_path), name="run", version=0)
-    return L.Trainer(logger=logger, max_epochs=3, enable_progress_bar=False, enable_model_summary=False), logger
+    trainer = SimpleNamespace(loggers=[logger], is_global_zero=True, sanity_checking=False, max_epochs=3,
+                              state=SimpleNamespace(fn=TrainerFn.FITTING), datamodule=datamodule)  # fmt: skip
+    return trainer, logger
 
 
 def events(logger) -> EventAccumulator:
@@ -89,55 +98,52 @@ def image(acc: EventAccumulator, tag: str) -> list[tuple[int, np.ndarray]]:
     return [(e.step, np.asarray(Image.open(io.BytesIO(e.encoded_image_string)))) for e in acc.Images(tag)]
 
 
-def validated(callback, trainer, step: int, epoch: float, values: list[float] | None) -> None:
+def validated(callback, trainer, step: int, epoch: float, values: list[float] | None) -> dict[str, float]:
     """One validation as Lightning runs it for the callback: its start, the validation step's per-token losses of
-    one sequence (``values``; None: no batch of the validation set), then the instruments' moment after it."""
-    from gpt_lit.callbacks.after_validation import Validation
-
-    module = SimpleNamespace(model=SimpleNamespace(cfg=SimpleNamespace(context_length=N)), device=torch.device("cpu"))
+    one sequence (``values``; None: no batch of the validation set), then its end at ``step``, after ``epoch``
+    epochs. Returns the scalars the callback logged with ``pl_module.log_dict``."""
+    logged = {}
+    module = SimpleNamespace(model=SimpleNamespace(cfg=SimpleNamespace(context_length=N)), device=torch.device("cpu"),
+                             log_dict=lambda metrics, **_: logged.update(metrics))  # fmt: skip
     callback.on_validation_start(trainer, module)
     if values is not None:
         callback.on_validation_batch_end(trainer, module, {"token_losses": torch.tensor([values])}, None, 0)
-    callback.after_validation(trainer, module, Validation(step, epoch, {}))
+    callback.step, callback.epoch = step, epoch  # as the callback read them when the validation's batch started
+    callback.on_validation_epoch_end(trainer, module)
+    return logged
 
 
 def drawing(history, floor=None, last=3) -> np.ndarray:
     from conftest import figure_pixels
 
-    from gpt_lit.callbacks.position_loss import position_figure
-
-    return figure_pixels(position_figure(history, floor, last=last))
+    return figure_pixels(position_figure(history, floor, last))
 
 
 def test_after_a_validation_each_chosen_positions_loss_and_the_figure_reach_tensorboard(tmp_path):
-    from gpt_lit.callbacks.position_loss import PositionLoss
+    from gpt_lit.diagnostics.position_loss import PositionLoss
 
     trainer, logger = tensorboard_trainer(tmp_path)
     callback = PositionLoss(positions=[0, 1, 4, N, N + 1])  # 0 and N + 1: no such position
     first, second = losses(0.5), losses(0.0)
-    validated(callback, trainer, 5, 1.0, first)
-    validated(callback, trainer, 9, 1.5, None)  # no per-position losses: nothing logged
-    validated(callback, trainer, 11, 2.0, second)
-    acc = events(logger)
-    assert sorted(acc.Tags()["scalars"]) == ["loss_by_position/1", "loss_by_position/20", "loss_by_position/4"]
-    for p in (1, 4, N):
-        got = [(e.step, e.value) for e in acc.Scalars(f"loss_by_position/{p}")]
-        assert got == [(5, pytest.approx(first[p - 1])), (11, pytest.approx(second[p - 1]))]
+    logged = [validated(callback, trainer, 5, 1.0, first)]
+    assert validated(callback, trainer, 9, 1.5, None) == {}  # no per-position losses: nothing logged
+    logged.append(validated(callback, trainer, 11, 2.0, second))
+    for scalars, values in zip(logged, (first, second), strict=True):
+        assert scalars == {f"loss_by_position/{p}": pytest.approx(values[p - 1]) for p in (1, 4, N)}
     history = [{"step": 5, "epoch": 1.0, "losses": first}, {"step": 11, "epoch": 2.0, "losses": second}]
-    images = image(acc, "figures/loss_by_position")
+    images = image(events(logger), "figures/loss_by_position")
     assert [step for step, _ in images] == [5, 11]
     assert np.array_equal(images[0][1], drawing(history[:1]))
     assert np.array_equal(images[1][1], drawing(history))
     assert callback.state_dict() == {"history": history}  # what a checkpoint keeps
-    import lightning as L
-
-    quiet = PositionLoss()
-    validated(quiet, L.Trainer(logger=False), 5, 1.0, first)
+    quiet, (no_logger, _) = PositionLoss(), tensorboard_trainer(tmp_path / "quiet")
+    no_logger.loggers = []
+    assert validated(quiet, no_logger, 5, 1.0, first) == {}
     assert quiet.state_dict() == {"history": []}  # a run without a logger keeps nothing to draw
 
 
 def test_a_resumed_runs_figure_keeps_the_validations_before_the_checkpoint(tmp_path):
-    from gpt_lit.callbacks.position_loss import PositionLoss
+    from gpt_lit.diagnostics.position_loss import PositionLoss
 
     earlier = [{"step": 5, "epoch": 1.0, "losses": losses(0.5)}]
     callback = PositionLoss()
@@ -152,15 +158,12 @@ def test_a_resumed_runs_figure_keeps_the_validations_before_the_checkpoint(tmp_p
     assert fresh.state_dict() == {"history": []}
 
 
-def test_the_floor_is_the_unigram_entropy_of_the_book_and_none_without_one(tmp_path):
-    from gpt_lit.callbacks.position_loss import PositionLoss
+def test_the_figure_draws_the_data_modules_unigram_floor_and_none_without_one(tmp_path):
+    from gpt_lit.diagnostics.position_loss import PositionLoss
 
-    ids = torch.tensor([7, 7, 7, 3, 3, 9, 7, 3])  # frequencies 4/8, 3/8, 1/8
-    entropy = -sum(p * math.log(p) for p in (4 / 8, 3 / 8, 1 / 8))
-    for datamodule, floor in ((SimpleNamespace(book_ids=ids), entropy), (SimpleNamespace(), None)):
+    for datamodule, floor in ((SimpleNamespace(unigram_floor=4.25), 4.25), (SimpleNamespace(), None), (None, None)):
         callback = PositionLoss()
-        callback.on_fit_start(SimpleNamespace(datamodule=datamodule), None)
-        trainer, logger = tensorboard_trainer(tmp_path / str(floor))
+        trainer, logger = tensorboard_trainer(tmp_path / str(len(str(datamodule))), datamodule)
         validated(callback, trainer, 3, 1.0, losses(0.0))
         [(_, pixels)] = image(events(logger), "figures/loss_by_position")
         expected = drawing([{"step": 3, "epoch": 1.0, "losses": losses(0.0)}], floor=floor)

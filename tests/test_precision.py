@@ -11,8 +11,8 @@ from conftest import QUIET_TRAINER
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from gpt_lit.callbacks import BlockGradNorms
 from gpt_lit.data import TimeMachineData
+from gpt_lit.diagnostics import BlockGradNorms
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
 

@@ -15,8 +15,8 @@ from conftest import QUIET_TRAINER, chapter_continuation, chapter_experiment, lo
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from gpt_lit import experiments as ex
-from gpt_lit.callbacks import UnigramBaseline
 from gpt_lit.data import TimeMachineData
+from gpt_lit.diagnostics import UnigramBaseline
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
 

@@ -11,8 +11,8 @@ from conftest import chapter_experiment, load_script  # each experiment once per
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
 from gpt_lit import experiments as ex
-from gpt_lit.callbacks.similarity import mean_position_similarity
 from gpt_lit.distributed import shards_parameters
+from gpt_lit.measure import position_similarity
 
 
 def experiment(residual: bool) -> ex.ResidualExperiment:
@@ -42,7 +42,7 @@ def test_first_block_by_hand():
     x = torch.randint(0, cfg.vocab_size, (4, 64))
     with torch.no_grad():
         h = model.blocks[0](model.tok_emb(x[:1]) + model.pos_emb(torch.arange(64)))
-    assert experiment(True).similarity_by_block[0] == pytest.approx(mean_position_similarity(h).item(), abs=1e-6)
+    assert experiment(True).similarity_by_block[0] == pytest.approx(position_similarity(h).item(), abs=1e-6)
 
 
 def test_reproduce_chapter_prints_the_whole_row_with_and_without_residuals(capsys):

@@ -8,8 +8,8 @@ import torch.nn as nn
 from conftest import QUIET_TRAINER, scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lit.callbacks import Throughput
 from gpt_lit.data import TimeMachineData
+from gpt_lit.diagnostics import Throughput
 from gpt_lit.flops import matmul_peak
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
@@ -71,7 +71,7 @@ def test_measuring_the_peak_leaves_the_runs_random_numbers_alone():
 
 def test_the_peak_is_measured_once_per_process_for_each_device_dtype_and_thread_count(monkeypatch):
     # A notebook's (or a test session's) second run reuses the first run's measurement.
-    from gpt_lit.callbacks import throughput
+    from gpt_lit.diagnostics import throughput
 
     measured = []
     monkeypatch.setattr(throughput, "matmul_peak", lambda device, dtype, n=0, reps=0: measured.append(dtype) or 1e10)
@@ -89,7 +89,7 @@ def test_the_peak_is_measured_once_per_process_for_each_device_dtype_and_thread_
 
 def test_a_dtype_without_a_fast_kernel_is_measured_on_a_small_matmul_only(monkeypatch):
     # bf16 on a CPU without bf16 units runs on PyTorch's reference kernel: one 2048 x 2048 mm takes minutes there.
-    from gpt_lit.callbacks import throughput
+    from gpt_lit.diagnostics import throughput
 
     sizes = []
     rates = {512: throughput.SLOW / 4, 2048: throughput.SLOW / 5}  # the reference kernel's rate falls with n

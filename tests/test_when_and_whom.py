@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from conftest import REPO, TINY
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, TENSORS, EventAccumulator
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
-from gpt_lit.callbacks import ChapterFigures, LogitLens, PositionLoss, lens_losses
+from gpt_lit.diagnostics import ChapterFigures, LogitLens, PositionLoss
+from gpt_lit.measure import lens_losses, record_blocks
 from gpt_lit.run.cli import main
 
 RUN = [
@@ -248,9 +248,9 @@ def test_the_last_validations_lens_is_the_model_at_that_validation(run):
         return
     _, scalars = run.scalars[0]
     [lens] = [cb for cb in run.trainer.callbacks if isinstance(cb, LogitLens)]
-    x, y = (t.to(run.module.device) for t in lens.batch)
-    with torch.no_grad():
-        expected = lens_losses(run.module.model.eval(), x, y)
+    model = run.module.model.eval()
+    x, y = lens.batch(run.module)
+    expected = lens_losses(model, record_blocks(model, x), y).flatten(1).mean(dim=1).tolist()
     got = [scalars[f"lens/block_{i}"][-1] for i in range(1, N_LAYERS + 1)]
     assert got == [(run.val_steps[-1], pytest.approx(v, abs=1e-5)) for v in expected]
 
@@ -262,7 +262,7 @@ def test_the_figures_draw_one_line_per_validation_named_by_it(run):
     if not run.val_steps:
         assert positions.history == []
         return
-    ax = positions.reused.fig.axes[0]
+    ax = positions.chart.fig.axes[0]
     names = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith(("_", "unigram"))]
     expected = {
         "shipped": ["epoch 0", "epoch 1"],

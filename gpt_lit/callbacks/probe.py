@@ -1,20 +1,12 @@
-"""What the diagnostics that run the model on a fixed batch of validation windows share: when, where, how."""
+"""How many of torch's threads the samples' small passes use."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-import lightning as L
 import torch
-
-from gpt_lit.callbacks.after_validation import AfterValidation, Validation
-from gpt_lit.callbacks.block_pass import SHARED_PASS, BlockRecord
-from gpt_lit.callbacks.tensorboard_log import is_fresh_start
-from gpt_lit.distributed import shards_parameters
-from gpt_lit.model import GPT
 
 
 class ThreadChoice:
@@ -60,83 +52,3 @@ def diagnostic_threads() -> Iterator[None]:
     finally:
         if inside != threads:
             torch.set_num_threads(threads)
-
-
-class ValidationProbe(AfterValidation):
-    """Runs the model on the first ``num_sequences`` validation windows (a fixed batch) after every validation of
-    ``fit`` (``AfterValidation``), at the step of its ``loss/val``, and at the start of a fresh run when
-    ``at_start``; on the main process, on ``diagnostic_threads``, in eval mode without gradients, then back in the
-    mode it was in. A subclass says what to ``measure`` and how to ``record`` it. ``history`` (one entry per
-    measurement, for figures that draw every validation so far) goes into checkpoints, so a resumed run's figures
-    keep the validations before the stop. Skipped, with one logged line, under
-    strategies that shard the parameters (the model cannot be run outside their own forward). A probe that needs
-    the blocks' inputs and outputs asks ``blocks``: the probes of one moment share one pass (``SharedPass``).
-    """
-
-    at_start = True  # also measure at the start of a fresh run ("epoch" 0)
-    with_targets = False  # the batch is (inputs, targets), else the inputs alone
-
-    def __init__(self, num_sequences: int):
-        self.num_sequences = num_sequences
-        self.batch: Any = None  # (n, T) token IDs, or a pair of them with the targets
-        self.history: list[dict[str, Any]] = []  # in checkpoints
-        self.active = True
-        self.moment: tuple[int, float] = (0, 0)  # (step, epoch) of the measurement being made
-
-    def blocks(self, model: GPT, idx: torch.Tensor) -> BlockRecord:
-        """What every block read and wrote on the token IDs ``idx``, from the pass this moment's probes share."""
-        return SHARED_PASS(model, idx, self.moment)
-
-    def measure(self, model: GPT, batch: Any) -> Any:
-        """What this diagnostic computes from the model on the batch (already on the model's device)."""
-        raise NotImplementedError
-
-    def record(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float, values: Any) -> None:
-        """Log ``values`` (and keep what figures need in ``history``) at ``step``, after ``epoch`` epochs (0: the
-        start; a fraction: a validation within an epoch)."""
-        raise NotImplementedError
-
-    def prepare(self, trainer: L.Trainer) -> None:
-        """At the start of fit, once the batch is chosen: anything else this diagnostic needs from the data."""
-
-    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> None:
-        if not trainer.loggers or trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        batch = (
-            tuple(t.to(pl_module.device) for t in self.batch) if self.with_targets else self.batch.to(pl_module.device)
-        )
-        self.moment = (step, epoch)
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            with torch.no_grad(), diagnostic_threads():
-                values = self.measure(pl_module.model, batch)
-        finally:
-            pl_module.train(was_training)
-        self.record(trainer, pl_module, step, epoch, values)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.active = not shards_parameters(trainer, type(self).__name__)
-        val = trainer.datamodule.val_set
-        windows = [val[i] for i in range(min(self.num_sequences, len(val)))]
-        inputs = torch.stack([x for x, _ in windows])  # (n, T)
-        self.batch = (inputs, torch.stack([y for _, y in windows])) if self.with_targets else inputs
-        self.prepare(trainer)
-        if self.active and self.at_start and is_fresh_start(trainer):  # a resumed run logged its start already
-            self._probe(trainer, pl_module, step=0, epoch=0)
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        SHARED_PASS.clear()  # another model, or this one loaded from a checkpoint
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        SHARED_PASS.clear()  # the weights are about to change; and the record's memory is freed
-
-    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
-        if self.active:
-            self._probe(trainer, pl_module, step=validation.step, epoch=validation.epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))

@@ -1,4 +1,4 @@
-"""Where the diagnostic callbacks write: scalars to every logger, images and text to every TensorBoard writer."""
+"""Where the samples are written: the text to every TensorBoard writer, from the start of a fresh run."""
 
 from __future__ import annotations
 
@@ -11,15 +11,6 @@ def is_fresh_start(trainer: L.Trainer) -> bool:
     """True at the start of a new run; False when ``fit`` resumed from a checkpoint (``trainer.ckpt_path``: the run
     that saved it logged the start)."""
     return trainer.ckpt_path is None
-
-
-def log_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
-    """``metrics`` at ``step`` to every logger the trainer has, on the main process, as ``self.log`` sends them
-    (``logger.log_metrics`` for each of ``trainer.loggers``); nothing without a logger (``logger: false``)."""
-    if not trainer.is_global_zero or trainer.sanity_checking:
-        return
-    for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=step)
 
 
 def tensorboard_writers(trainer: L.Trainer) -> list[SummaryWriter]:

@@ -1,4 +1,8 @@
-"""The runs table: each ``fit``'s defining settings and final losses in TensorBoard's HParams tab."""
+"""The runs table: each ``fit``'s defining settings and final losses in TensorBoard's HParams tab.
+
+The HParams protos are built here: torch's ``SummaryWriter.add_hparams`` writes a row into a new run of its own
+(a subfolder) all at once, and neither marks the columns that differ nor describes the metrics, nor ends a session
+as failed; ``torch.utils.tensorboard.summary.hparams`` cannot either."""
 
 from __future__ import annotations
 
@@ -13,8 +17,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from torch.utils.tensorboard import SummaryWriter
 
-from gpt_lit.callbacks.after_validation import AfterValidation, Validation
-from gpt_lit.callbacks.tensorboard_log import log_scalars, tensorboard_writers
+from gpt_lit.diagnostics.probe import ValidationStep, log_at, tensorboards
 
 # The HParams tab's metric columns: TensorBoard shows each one's last scalar value in the session's run.
 METRICS = {
@@ -27,6 +30,7 @@ METRICS = {
 def run_settings(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, bool | float | str]:
     """The settings that define a run of the chapter: the model's shape, the optimizer, the data, the seeds."""
     cfg, dm = pl_module.model.cfg, trainer.datamodule
+    seed = os.environ.get("PL_GLOBAL_SEED")  # set by seed_everything (LightningCLI's too)
     settings: dict[str, Any] = {
         "n_layers": cfg.n_layers,
         "residual": cfg.residual,
@@ -37,25 +41,21 @@ def run_settings(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, 
         "batch_size": getattr(dm, "batch_size", None),
         "context_length": getattr(dm, "context_length", cfg.context_length),
         "precision": str(trainer.precision),
-        "seed_everything": os.environ.get("PL_GLOBAL_SEED"),  # set by seed_everything (LightningCLI's too)
+        "seed_everything": None if seed is None else int(seed),
         "data.seed": getattr(dm, "seed", None),
     }
-    if settings["seed_everything"] is not None:
-        settings["seed_everything"] = int(settings["seed_everything"])
     return {k: v for k, v in settings.items() if v is not None}
 
 
-def hparams_summary(tag: str, data: plugin_data_pb2.HParamsPluginData) -> Summary:
-    """A summary holding HParams plugin data, as TensorBoard's hparams plugin reads it."""
-    return Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))])
+def hparams_summary(tag: str, **data: Any) -> Summary:
+    """A summary of HParams plugin data (``plugin_data_pb2.HParamsPluginData(**data)``), as TensorBoard reads it."""
+    content = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(**data))
+    return Summary(value=[Summary.Value(tag=tag, metadata=content)])
 
 
 def experiment_summary(settings: dict[str, bool | float | str], first: list[str] = ()) -> Summary:
-    """Which settings are the table's columns (and their types) and which scalar tags its metrics.
-
-    The settings named in ``first`` are marked as the ones that differ between runs: TensorBoard lists those
-    first and shows the first five columns (the others are ticked in the tab's left pane).
-    """
+    """Which settings are the table's columns (and their types), marked as differing between runs if in ``first``
+    (TensorBoard lists those first and shows the first five), and which scalar tags are its metrics."""
     types = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
     experiment = api_pb2.Experiment(
         hparam_infos=[
@@ -67,7 +67,7 @@ def experiment_summary(settings: dict[str, bool | float | str], first: list[str]
             for tag, text in METRICS.items()
         ],
     )
-    return hparams_summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment))
+    return hparams_summary(metadata.EXPERIMENT_TAG, experiment=experiment)
 
 
 def session_start_summary(settings: dict[str, bool | float | str]) -> Summary:
@@ -80,30 +80,27 @@ def session_start_summary(settings: dict[str, bool | float | str]) -> Summary:
             start.hparams[k].number_value = v
         else:
             start.hparams[k].string_value = str(v)
-    return hparams_summary(metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start))
+    return hparams_summary(metadata.SESSION_START_INFO_TAG, session_start_info=start)
 
 
 def session_end_summary(status: int) -> Summary:
     end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
-    return hparams_summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=end))
+    return hparams_summary(metadata.SESSION_END_INFO_TAG, session_end_info=end)
 
 
 def add_summaries(trainer: L.Trainer, *summaries: Summary) -> None:
-    """``summaries`` into the event file of every TensorBoard writer of ``trainer``, flushed. A writer that Lightning
-    closed at the end of an earlier run of the Trainer (``validate``, then ``fit``) gets them in a new event file in
-    its folder, as torch's ``add_hparams`` writes its own (SummaryWriter has no call that adds a summary)."""
-    for writer in tensorboard_writers(trainer):
+    """``summaries`` into the event file of every TensorBoard writer of ``trainer``, flushed (``file_writer``:
+    SummaryWriter has no call that adds a summary). A writer that Lightning closed at the end of an earlier run of
+    the Trainer (``validate``, then ``fit``) gets them in a new event file in its folder."""
+    for writer in tensorboards(trainer):
         closed = writer.file_writer is None
         into = SummaryWriter(writer.get_logdir()) if closed else writer
         for summary in summaries:
             into.file_writer.add_summary(summary)
-        if closed:
-            into.close()
-        else:
-            into.flush()
+        into.close() if closed else into.flush()
 
 
-class RunsTable(AfterValidation):
+class RunsTable(ValidationStep):
     def __init__(self, first: list[str] | None = None) -> None:
         """Record the run in TensorBoard's HParams tab: one row per ``fit``, comparable across runs.
 
@@ -113,8 +110,8 @@ class RunsTable(AfterValidation):
         so far (kept in checkpoints), to every logger; at the end, the session's status. The table's metric
         columns are the last values of ``loss/train``, ``loss/val`` and ``loss/val_best``: with ``tensorboard
         --logdir lightning_logs``, the chapter's loss table of every run. Every TensorBoard logger gets the table;
-        Lightning's ``log_hyperparams`` is not used there (it also writes placeholder values into the metrics'
-        scalar tags), but every other logger (CSV: its hparams.yaml) gets the settings through it.
+        every other logger (CSV: its hparams.yaml) gets the settings through Lightning's ``log_hyperparams`` (which
+        for TensorBoard would also write placeholder values into the metrics' scalar tags).
 
         Args:
             first: The settings shown first (TensorBoard shows five columns until more are ticked); default
@@ -134,23 +131,20 @@ class RunsTable(AfterValidation):
             if not isinstance(logger, TensorBoardLogger):
                 logger.log_hyperparams(settings)
 
-    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
-        val = validation.results.get("loss/val")
-        if val is None:
-            return
-        self.best = val if self.best is None else min(self.best, val)
-        log_scalars(trainer, {"loss/val_best": self.best}, validation.step)
-
-    def _end(self, trainer: L.Trainer, status: int) -> None:
-        add_summaries(trainer, session_end_summary(status))
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the module's on_validation_epoch_end, whose loss/val is this validation's: logged at its step.
+        val = (getattr(pl_module, "last_validation", None) or {}).get("loss/val")
+        if self.fitting(trainer) and val is not None:
+            self.best = val if self.best is None else min(self.best, val)
+            log_at(trainer, {"loss/val_best": self.best}, self.step)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._end(trainer, api_pb2.STATUS_SUCCESS)
+        add_summaries(trainer, session_end_summary(api_pb2.STATUS_SUCCESS))
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A stopped run resumes: no end yet. A command that failed before fit started a session writes nothing.
         if self.started and not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
-            self._end(trainer, api_pb2.STATUS_FAILURE)
+            add_summaries(trainer, session_end_summary(api_pb2.STATUS_FAILURE))
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best}
