@@ -176,7 +176,7 @@ const D = JSON.parse(document.getElementById("data").textContent), T = D.tokens.
 const $ = id => document.getElementById(id), pct = p => (100 * p).toFixed(1) + "%";
 function el(tag, text, style, title) {{
   const e = document.createElement(tag);
-  e.textContent = text; e.style.cssText = style || ""; if (title) e.title = title; return e;
+  e.textContent = text || ""; if (style) e.style.cssText = style; if (title) e.title = title; return e;
 }}
 const expected = k => k ? `${{D.tokens[k]}}: loss ${{D.loss[k - 1].toFixed(2)}} nats; the model expected ` +
   D.top5[k - 1].map(([w, p]) => `"${{w}}" ${{pct(p)}}`).join(", ") : `${{D.tokens[0]}}: the first token, not predicted`;
