@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from gpt_lit.measure import (
@@ -79,42 +80,44 @@ def predictions(ids: torch.Tensor, probs: torch.Tensor) -> list[list]:
     return [[token_text(i), round(p, 4)] for i, p in zip(ids.tolist(), probs.tolist(), strict=True)]
 
 
-def label_tokens(ax, tokens: list[str], axis: str = "x", most: int = 32) -> None:
-    """Label ``axis`` of ``ax`` with ``tokens`` (at positions 0, 1, ...): every one, or every k-th up to ``most``."""
+def label_tokens(ax, tokens: list[str], axis: str = "x", most: int = 32, start: int = 0) -> None:
+    """Label ``axis`` of ``ax`` with ``tokens`` (at start, start + 1, ...): every one, or every k-th up to ``most``."""
     step = -(-len(tokens) // most)
     at = range(0, len(tokens), step)
     rotation = 90 if axis == "x" else 0
-    getattr(ax, f"set_{axis}ticks")(at, [tokens[k] for k in at], fontsize=6, rotation=rotation)
+    getattr(ax, f"set_{axis}ticks")([start + k for k in at], [tokens[k] for k in at], fontsize=6, rotation=rotation)
 
 
 def figures(m: dict) -> dict[str, bytes]:
     """The page's figures as PNG files: loss, attention, lens and stream (``measurements``' numbers drawn)."""
     tokens, n_layers, n_heads = m["tokens"], len(m["attn"]), len(m["attn"][0])
     T, wide = len(tokens), max(6.0, len(tokens) / 12)
+    left = 0.8 / wide  # room for the y labels
     fig = Figure(figsize=(wide, 2.6))
-    ax = fig.add_axes((0.07, 0.32, 0.9, 0.58))
+    ax = fig.add_axes((left, 0.32, 0.97 - left, 0.58))
     ax.bar(range(1, T), m["loss"], color="tab:red")
     ax.set(xlim=(-0.5, T - 0.5), ylabel="loss (nats)", title="How surprised the model is at each token")
     label_tokens(ax, tokens)
     figs = {"loss": fig}
+    # Every head's map in one image (one axes draws much faster than 16), the bottom-left one labelled.
+    gap = max(2, T // 8)
+    grid = torch.full((n_layers * (T + gap) - gap, n_heads * (T + gap) - gap), float("nan"))  # NaN: white
     fig = Figure(figsize=(2.4 * n_heads, 2.4 * n_layers))
-    axes = fig.subplots(n_layers, n_heads, sharex=True, sharey=True, squeeze=False)
-    fig.subplots_adjust(left=0.12, bottom=0.12, right=0.98, top=0.95, wspace=0.05, hspace=0.2)
-    for b, row in enumerate(axes):
-        for h, ax in enumerate(row):
-            grid = torch.zeros(T, T)
+    ax = fig.add_axes((0.1, 0.1, 0.88, 0.86))
+    for b in range(n_layers):
+        for h in range(n_heads):
+            y, x = b * (T + gap), h * (T + gap)  # the map's top left corner
             for t, weights in enumerate(m["attn"][b][h]):
-                grid[t, : t + 1] = torch.tensor(weights)
-            ax.imshow(grid, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_title(f"block {b + 1}, head {h + 1}: {m['entropy'][b][h]:.2f} nats", fontsize=7)
-    label_tokens(axes[-1, 0], tokens, most=16)
-    label_tokens(axes[-1, 0], tokens, "y", most=16)
-    for ax in axes.flat:  # the axes share their ticks, not the labels' looks
-        ax.tick_params(labelsize=6)
-        ax.tick_params("x", labelrotation=90)
+                grid[y + t, x : x + t + 1] = torch.tensor(weights)
+            title = f"block {b + 1}, head {h + 1}: {m['entropy'][b][h]:.2f} nats"
+            ax.text(x + T / 2, y - 1, title, ha="center", va="bottom", fontsize=7)
+    ax.imshow(grid, cmap="Blues", norm=PowerNorm(0.5, 0, 1), interpolation="nearest")  # as the page: sqrt(weight)
+    label_tokens(ax, tokens, most=16)
+    label_tokens(ax, tokens, "y", most=16, start=(n_layers - 1) * (T + gap))
+    ax.spines[:].set_visible(False)
     figs["attention"] = fig
     fig = Figure(figsize=(wide, 1.2 + 0.35 * n_layers))
-    ax = fig.add_axes((0.07, 0.35, 0.9, 0.55))
+    ax = fig.add_axes((left, 0.35, 0.97 - left, 0.55))
     ax.imshow([[p for _, p in row] for row in m["lens"]], cmap="Blues", vmin=0, vmax=1, aspect="auto")
     ax.set_yticks(range(n_layers), [f"block {b + 1}" for b in range(n_layers)])
     ax.set_title("Logit lens: the top next token's probability after each block")
@@ -122,7 +125,7 @@ def figures(m: dict) -> dict[str, bytes]:
     figs["lens"] = fig
     fig = Figure(figsize=(wide, 5))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    fig.subplots_adjust(left=0.07, right=0.97, bottom=0.16, top=0.93, hspace=0.15)
+    fig.subplots_adjust(left=left, right=0.97, bottom=0.16, top=0.93, hspace=0.15)
     for b in range(n_layers):
         top.plot(m["stream"][b], label=f"after block {b + 1}")
         line = bottom.plot(m["attn_write"][b], label=f"block {b + 1} attention")[0]
@@ -160,7 +163,8 @@ red, it did not (10 nats or more). Hover over or click a token for the 5 tokens 
 <p id="mean"></p><p id="words"></p><p id="expected"></p>{loss}</section>
 <section id="attention"><h2>2. Attention, every block and head</h2>
 <p>Where each head of <select id="block"></select> looks from the token <b id="from"></b> (click a token, or a
-row of a map): each token shaded by the head's attention weight on it.</p><div id="look"></div>
+row of a map): each token shaded by the head's attention weight on it (by its square root, here and in the maps,
+so that attention spread over many tokens still shows).</p><div id="look"></div>
 <p>Each head's map: row t spreads over tokens 0 .. t (columns); beside it the mean entropy of its rows, in nats
 (0: one token; log t: even over t tokens).</p><div class="maps" id="maps"></div></section>
 <section id="lens"><h2>3. The logit lens</h2>
@@ -195,7 +199,7 @@ function look() {{
   $("look").replaceChildren(...D.attn[+$("block").value].map((rows, h) => {{
     const line = el("div", `head ${{h + 1}}: `);
     D.tokens.forEach((t, k) => {{
-      const w = k <= q ? rows[q][k] : 0, s = el("span", t, `background: rgba(30, 90, 200, ${{w}})`, pct(w));
+      const w = k <= q ? rows[q][k] : 0, s = el("span", t, `background: rgba(30, 90, 200, ${{w ** 0.5}})`, pct(w));
       s.className = k === q ? "tok q" : "tok"; s.onclick = () => pick(k); line.append(s);
     }});
     return line;
@@ -208,7 +212,7 @@ D.attn.forEach((heads, b) => heads.forEach((rows, h) => {{
   const fig = el("figure"), cv = el("canvas"), c = cv.getContext("2d");
   cv.width = cv.height = margin + size * T; c.font = "9px sans-serif";
   rows.forEach((r, i) => r.forEach((w, j) => {{
-    c.fillStyle = `rgba(30, 90, 200, ${{w}})`; c.fillRect(margin + j * size, margin + i * size, size, size);
+    c.fillStyle = `rgba(30, 90, 200, ${{w ** 0.5}})`; c.fillRect(margin + j * size, margin + i * size, size, size);
   }}));
   c.fillStyle = "#222"; c.textAlign = "right";
   for (let k = 0; k < T; k += Math.ceil(10 / size)) {{
