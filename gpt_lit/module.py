@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -16,6 +17,7 @@ from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
 from gpt_lit.hub.pretrained import fetch, load_pretrained
+from gpt_lit.inspect_page import write_page
 from gpt_lit.loss import token_losses
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.tokenizer import get_tokenizer
@@ -44,6 +46,7 @@ class GPTLightning(L.LightningModule):
         top_k: int | None = None,
         init_from: str | None = None,
         weights_from_checkpoint: bool = False,
+        inspect: bool = False,
     ):
         """The chapter's GPT trained for next-token prediction with cross-entropy and AdamW.
 
@@ -89,14 +92,19 @@ class GPTLightning(L.LightningModule):
             weights_from_checkpoint: A checkpoint gives every weight, so ``init_from``'s are neither fetched nor
                 loaded (a run's config.yaml keeps init_from; resuming or testing it needs no download). The CLI
                 links it to ``--ckpt_path``; not a hyperparameter.
+            inspect: ``predict`` only: also write, for each prompt, a page of what the model does with it (each
+                token's loss and top 5 predictions, every head's attention, the logit lens, the residual stream),
+                ``inspect_<n>.html`` in predict's folder, self-contained, and its figures as ``inspect_<n>/*.png``
+                (gpt_lit/inspect_page.py). Not a hyperparameter.
         """
         super().__init__()
         if lr <= 0 or weight_decay < 0 or max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k <= 0):
             raise GptLitError("model.lr must be > 0; weight_decay, max_new_tokens, temperature >= 0; top_k > 0 or null")
-        self.save_hyperparameters(ignore=["weights_from_checkpoint"])
+        self.save_hyperparameters(ignore=["weights_from_checkpoint", "inspect"])
         self.model = GPT(config)
         self.pretrained_loaded = False  # init_from's weights are copied in once, by setup()
         self.weights_from_checkpoint = weights_from_checkpoint
+        self.inspect, self.saved_at = inspect, (None, None)  # saved_at: the checkpoint's (step, epoch), for the page
         if compile:
             self.model.compile()  # in place: the state_dict keys stay model.*
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
@@ -128,6 +136,7 @@ class GPTLightning(L.LightningModule):
         return self.model(idx)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.saved_at = checkpoint.get("global_step"), checkpoint.get("epoch")
         # validate/test/predict run without fit's checkpoint callbacks (the CLI removes them: they would save
         # nothing), whose states the file keeps. Lightning, restoring callbacks after this hook, would warn that
         # they "need to be provided"; outside fit they are not needed, so their states are left out of the
@@ -224,6 +233,10 @@ class GPTLightning(L.LightningModule):
             row = generate(self.model, ids[None], h.max_new_tokens, h.temperature, h.top_k, generator)[0].tolist()
             prompt, new = row[: len(ids)], row[len(ids) :]
             out.append({"index": index, "prompt": prompt, "new": new, "text": enc.decode(row)})
+            if self.inspect:
+                folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+                page = write_page(folder, index + 1, self.model, ids, self.trainer.ckpt_path, self.saved_at)
+                print(f"[prompt {index + 1}: its page written to {page}]")
         return out
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

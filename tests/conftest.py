@@ -245,8 +245,8 @@ def load_script(name: str):
 # own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together:
 # pytest_collection_modifyitems below marks the groups and orders the units.
 GROUPS = {
-    **dict.fromkeys(["test_answers", "test_bad_inputs", "test_cli", "test_export", "test_robustness",
-                      "test_run_settings"], "tiny_run"),
+    **dict.fromkeys(["test_answers", "test_bad_inputs", "test_cli", "test_export", "test_inspect_page",
+                      "test_robustness", "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
                                "test_pretrained", "test_readme", "test_resume_windows", "test_safe_checkpoints",
@@ -256,7 +256,7 @@ if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
     GROUPS["test_fault_matrix"] = "test_fault_matrix"
 # Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded;
 # `--durations=0` under xdist, summed per group).
-SECONDS = {"test_ddp": 64, "test_resume_windows": 12, "tiny_run": 75, "test_fault_matrix": 44, "chapter": 30,
+SECONDS = {"test_ddp": 64, "test_resume_windows": 12, "tiny_run": 90, "test_fault_matrix": 44, "chapter": 30,
            "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
            "test_safe_checkpoints": 11, "test_readme": 70,
            # test_ddp: ~50 s, on two processes, so it counts more and goes first, while the other worker has much to do

@@ -166,3 +166,22 @@ def test_a_batch_larger_than_the_book_makes_no_new_run(runs, monkeypatch, caplog
     assert line.endswith(
         "317 training windows make no full batch of data.batch_size=1000; use data.batch_size 317 or less"
     )
+
+
+@pytest.mark.parametrize("command", [["fit", "--config", "residual.yaml"], TEST], ids=["fit", "test"])
+def test_inspect_is_refused_outside_predict(runs, monkeypatch, caplog, capsys, command):
+    line, lightning_said = fails_alone(runs, monkeypatch, caplog, capsys, *command, "--model.inspect", "true")
+    assert line == f"error: model.inspect is for predict (a page for each prompt), not {command[0]}: leave it out"
+    assert lightning_said == []
+
+
+def test_inspect_refuses_an_empty_prompt_and_another_architecture(runs, monkeypatch, caplog, capsys):
+    inspect = [*PREDICT, "--model.inspect", "true"]
+    line, _ = fails_alone(runs, monkeypatch, caplog, capsys, *inspect, "--data.prompts", '["The Time", ""]')
+    assert line == "error: prompt 2 is empty: give every prompt some text to continue"
+    line, _ = fails_alone(runs, monkeypatch, caplog, capsys, *inspect, "--data.prompts", '["I saw"]',
+                          "--model.config.residual", "false")  # fmt: skip
+    run = Path("lightning_logs/residual/version_0")
+    assert line == (f"error: checkpoint {run / 'checkpoints' / 'last.ckpt'} is of a different architecture than the "
+                    "config: model.config.residual is True in the checkpoint but False here; use the run's own config: "
+                    f"--config {run / 'config.yaml'}")  # fmt: skip

@@ -146,6 +146,15 @@ def test_predict_prints_each_prompts_continuation_and_writes_them_beside_the_run
     assert not list(predict.rglob("events.out.tfevents.*"))  # nothing for TensorBoard
 
 
+def test_predict_with_inspect_writes_a_page_of_each_prompt_beside_the_run(ran):
+    out = result(ran, "python -m gpt_lit predict --ckpt_path best ").stdout
+    page = Path("lightning_logs/residual/version_0/predict/best-epoch00/inspect_1.html")
+    assert f"[prompt 1: its page written to {page}]" in out
+    assert "The Time Traveller (for so it will be convenient" in (ran[0] / page).read_text()
+    figures = sorted(p.name for p in (ran[0] / page.with_suffix("")).iterdir())
+    assert figures == ["attention.png", "lens.png", "loss.png", "stream.png"]
+
+
 def test_the_resume_command_goes_on_in_the_same_run_folder(ran):
     result(ran, "python -m gpt_lit fit --config lightning_logs/residual/version_0/config.yaml ")
     assert [p.name for p in (ran[0] / "lightning_logs" / "residual").iterdir()] == ["version_0"]

@@ -104,6 +104,8 @@ class GPTLitCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else None
         if subcommand == "predict":  # the prompts, before anything is read, built or written
             read_prompts(config.get("data.prompts"), config.get("data.prompts_file"))
+        elif config is not None and config.get("model.inspect"):
+            raise GptLitError(f"model.inspect is for predict (a page for each prompt), not {subcommand}: leave it out")
         if config is not None:
             check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
             local_folders(config.trainer)  # before the plan looks for a run in them
