@@ -110,7 +110,7 @@ class GPTLightning(L.LightningModule):
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
         self.val_loss, self.train_eval_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.test_perplexity = MeanPerplexity()
-        # The results of the latest validation of fit, for the instruments that log beside it (gpt_lit/callbacks):
+        # The results of the latest validation of fit, for the instruments that log beside it (gpt_lit/diagnostics):
         # "loss/val", "loss/train" (when the training set is evaluated too) as floats. None after a sanity check:
         # its values are no validation's.
         self.last_validation: dict[str, Any] | None = None

@@ -85,7 +85,7 @@ def residual_without_diagnostics_text() -> str:
 
     text = residual_text_without(DIAGNOSTICS)
     callbacks = [c["class_path"] for c in yaml.safe_load(text)["trainer"]["callbacks"]]
-    assert callbacks == ["gpt_lit.callbacks.ContinuationWriter", "lightning.pytorch.callbacks.ModelCheckpoint"]
+    assert callbacks == ["gpt_lit.predictions.ContinuationWriter", "lightning.pytorch.callbacks.ModelCheckpoint"]
     return text
 
 

@@ -24,9 +24,8 @@ from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
 from gpt_lit.book_source import default_data_dir, load_book
-from gpt_lit.callbacks import Samples
 from gpt_lit.data import TimeMachineData
-from gpt_lit.diagnostics import BlockGradNorms, ChapterFigures, PositionSimilarity, RunsTable, UnigramBaseline
+from gpt_lit.diagnostics import BlockGradNorms, ChapterFigures, PositionSimilarity, RunsTable, Samples, UnigramBaseline
 from gpt_lit.measure import position_similarity
 from gpt_lit.model import GPTConfig, generate
 from gpt_lit.module import GPTLightning

@@ -19,8 +19,6 @@ import torch.nn.functional as F
 from conftest import REPO, TINY
 from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
 
-from gpt_lit.callbacks import probe
-from gpt_lit.callbacks.probe import diagnostic_threads
 from gpt_lit.diagnostics import AttentionMaps, LogitLens, PositionSimilarity, ResidualStream
 from gpt_lit.diagnostics.position_loss import PositionMeans
 from gpt_lit.measure import (
@@ -131,35 +129,6 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_reaches_tensorboard_
             new = figure_pixels(new.fig)
             assert (image.height, image.width) == new.shape[:2] == (400, 700), (name, n)
             assert np.array_equal(np.asarray(Image.open(io.BytesIO(image.encoded_image_string))), new), (name, n)
-
-
-def test_samples_use_trainings_threads_only_when_training_had_its_cores(monkeypatch):
-    clocks = {"wall": 100.0, "cpu": 10.0}
-    monkeypatch.setattr(probe.time, "perf_counter", lambda: clocks["wall"])
-    monkeypatch.setattr(probe.time, "process_time", lambda: clocks["cpu"])
-    choice = probe.ThreadChoice(interval=5.0, share=0.8)
-
-    def after(seconds: float, cpu_seconds: float) -> int:
-        clocks["wall"] += seconds
-        clocks["cpu"] += cpu_seconds
-        return choice(2)
-
-    assert after(0, 0) == 1  # nothing measured yet: one thread
-    assert after(60, 115) == 2  # an epoch on two threads that had both cores (1.92 CPU-seconds a second)
-    assert after(1, 0.5) == 2  # the same epoch's end: the same choice
-    assert after(60, 70) == 1  # another program took a core (1.17 a second)
-    assert after(60, 118) == 2  # free again
-    assert choice(1) == 1  # never more than training's own
-
-    monkeypatch.setattr(probe, "_THREAD_CHOICE", lambda threads: 1)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with diagnostic_threads():
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 2  # training's number again
-    finally:
-        torch.set_num_threads(before)
 
 
 def _two_processes(rank: int, port: int, state: dict, windows: torch.Tensor, out: dict) -> None:

@@ -83,10 +83,10 @@ def test_unknown_key_or_bad_value_in_a_config_file_names_the_file_and_line(capsy
 
 
 def test_a_callback_that_does_not_import_is_named_with_why(capsys, tmp_path):
-    (tmp_path / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: gpt_lit.callbacks.Colour\n")
+    (tmp_path / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: gpt_lit.diagnostics.Colour\n")
     line = error_line(capsys, "fit", *RUN, "--config", "mine.yaml")
-    assert "trainer.callbacks: cannot use class_path 'gpt_lit.callbacks.Colour': module 'gpt_lit.callbacks' has no " \
-        "attribute 'Colour'" in line  # fmt: skip
+    assert "trainer.callbacks: cannot use class_path 'gpt_lit.diagnostics.Colour': module 'gpt_lit.diagnostics' " \
+        "has no attribute 'Colour'" in line  # fmt: skip
 
 
 def test_bad_value_on_the_command_line_names_the_option(capsys):

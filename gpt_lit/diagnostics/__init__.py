@@ -16,6 +16,7 @@ from gpt_lit.diagnostics.lens import LogitLens
 from gpt_lit.diagnostics.losses import ChapterFigures
 from gpt_lit.diagnostics.position_loss import PositionLoss
 from gpt_lit.diagnostics.runs_table import RunsTable
+from gpt_lit.diagnostics.samples import Samples
 from gpt_lit.diagnostics.similarity import PositionSimilarity
 from gpt_lit.diagnostics.stream import ResidualStream
 from gpt_lit.diagnostics.throughput import Throughput
@@ -30,6 +31,7 @@ __all__ = [
     "PositionSimilarity",
     "ResidualStream",
     "RunsTable",
+    "Samples",
     "Throughput",
     "UnigramBaseline",
 ]

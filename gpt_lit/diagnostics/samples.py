@@ -5,9 +5,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from gpt_lit.callbacks.after_validation import AfterValidation, Validation
-from gpt_lit.callbacks.probe import diagnostic_threads
-from gpt_lit.callbacks.tensorboard_log import is_fresh_start, tensorboard_writers
+from gpt_lit.diagnostics.probe import ValidationStep, tensorboards
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import generate
@@ -22,7 +20,7 @@ def sample_markdown(prompt: str, text: str) -> str:
     return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
 
 
-class Samples(AfterValidation):
+class Samples(ValidationStep):
     def __init__(self, prompts: list[str] | None = None, max_new_tokens: int = 30):
         """Log each prompt's greedy continuation to the Text tab at the start and after every validation of ``fit``.
 
@@ -51,17 +49,16 @@ class Samples(AfterValidation):
         enc, model = get_tokenizer(), pl_module.model
         was_training = model.training
         try:
-            with diagnostic_threads():  # small sequential forward passes: one thread if the CPU is shared
-                rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
-                    generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
-                    for prompt in self.prompts
-                ]
+            rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
+                generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
+                for prompt in self.prompts
+            ]
             return [enc.decode(row.tolist()) for row in rows]
         finally:
             model.train(was_training)  # generate() switches the model to eval mode and leaves it there
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
-        writers = tensorboard_writers(trainer)
+        writers = tensorboards(trainer)
         if not writers or not self.active:
             return
         for prompt, text in zip(self.prompts, self.continuations(pl_module), strict=True):
@@ -70,8 +67,9 @@ class Samples(AfterValidation):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.active = not shards_parameters(trainer, "Samples")
-        if is_fresh_start(trainer):  # a resumed run logged its start already
+        if trainer.ckpt_path is None:  # a resumed run logged its start already
             self._log(trainer, pl_module, 0)
 
-    def after_validation(self, trainer: L.Trainer, pl_module: L.LightningModule, validation: Validation) -> None:
-        self._log(trainer, pl_module, validation.step)
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.fitting(trainer):
+            self._log(trainer, pl_module, self.step)
