@@ -4,7 +4,7 @@ with why it cannot run here and which test or CI step covers it.
 The ``python -m gpt_lit`` commands run here, each in a process of its own, in the README's order, in one empty
 folder (so that ``--ckpt_path last`` finds the run the ``fit`` made): the README's 10-epoch ``fit`` with a shorter
 schedule appended (SHORTER), every other one verbatim. Each ends with exit status 0 and prints or writes what the
-README says it does.
+README says it does, and no warning or other NOISE (tests/test_packaging.py's list).
 """
 
 import math
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from test_packaging import NOISE
 
 README = REPO / "README.md"
 FIT = "python -m gpt_lit fit --config residual.yaml"  # the chapter's 10-epoch run
@@ -121,6 +122,8 @@ def test_the_readme_commands_run_in_order_and_succeed(ran):
     assert list(ran[1]) == texts[: len(ran[1])] and len(texts) >= 4  # fit, test, predict, the resume
     for text, done in ran[1].items():
         assert done.returncode == 0, f"{text}: exit status {done.returncode}\n{done.stderr[-3000:]}"
+        said = done.stdout + done.stderr
+        assert [word for word in NOISE if word in said] == [], f"{text}:\n{said[-3000:]}"  # the quiet console
     assert list(ran[1]) == texts
 
 
