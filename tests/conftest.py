@@ -243,30 +243,31 @@ def load_script(name: str):
 FULL = os.environ.get("GPT_LIT_TESTS") == "full"
 
 # pytest-xdist (addopts: two workers, --dist loadgroup) runs the tests that share a computation made once per
-# process on one worker, so it is made once: the session's tiny run, the chapter's experiments and untrained GPT-2
-# (the caches above), each module's module-scoped runs, the fault matrix's default cases (under GPT_LIT_TESTS=full
-# its cases go out one by one, its uninterrupted run made once on each worker). Every other test is a unit of its
-# own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together.
+# process on one worker, so it is made once: the chapter's experiments and untrained GPT-2 (the caches above), each
+# module's module-scoped runs, the fault matrix's default cases (under GPT_LIT_TESTS=full its cases go out one by
+# one, its uninterrupted run made once on each worker). The session's tiny run is made once on each worker: the
+# files that read it go out one by one. Every other test is a unit of its own. The units go out heaviest first, so
+# that the two workers end together.
 GROUPS = {
-    **dict.fromkeys(["test_answers", "test_bad_inputs", "test_cli", "test_export", "test_robustness",
-                      "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
-    **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
-                               "test_pretrained", "test_readme", "test_resume_windows", "test_safe_checkpoints",
-                               "test_tensorboard_docs", "test_when_and_whom"]},
+    **{name: name for name in ["test_answers", "test_bad_inputs", "test_cli", "test_data", "test_ddp",
+                               "test_diagnostics", "test_export", "test_inside_block", "test_packaging",
+                               "test_pretrained", "test_readme", "test_resume_windows", "test_robustness",
+                               "test_run_settings", "test_safe_checkpoints", "test_tensorboard_docs",
+                               "test_when_and_whom"]},
     **({} if FULL else {"test_fault_matrix": "test_fault_matrix"}),
 }  # fmt: skip
-# Seconds of each group, and of each test of a file that is not a group (`--durations=0` under xdist, summed per
-# group, rounded). test_ddp's session runs on two processes, so it counts more and goes first.
-SECONDS = {"test_ddp": 64, "test_resume_windows": 12, "tiny_run": 75, "test_fault_matrix": 44, "chapter": 30,
-           "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
-           "test_safe_checkpoints": 11, "test_readme": 70,
-           # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
+# The seconds of each group, and of each test of a file that is not a group: `--durations=0` under xdist, summed per
+# group, rounded (on a shared 2-core machine: what counts is their order). test_ddp's session runs on two processes.
+SECONDS = {"test_ddp": 200, "test_answers": 156, "test_packaging": 150, "test_fault_matrix": 138, "chapter": 79,
+           "test_inside_block": 133, "test_bad_inputs": 128, "test_readme": 100, "test_cli": 94, "test_export": 92,
+           "test_robustness": 88, "test_pretrained": 84, "test_resume_windows": 60, "test_diagnostics": 11,
+           "test_when_and_whom": 49, "test_safe_checkpoints": 45, "test_tensorboard_docs": 29, "test_run_settings": 12,
+           # torch.compile: seconds with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
-           "tests/test_mac.py::test_fit_with_two_spawned_workers_trains_on_the_same_batches": 14,
-           "tests/test_smoke.py::test_fit_resume_test_predict": 14}  # fmt: skip
-SECONDS_EACH = {"test_settings_matrix": 30, "test_fault_matrix": 11, "test_checkpointing": 5, "test_resume": 8,
-                "test_bench": 4}  # test_settings_matrix: a case (its two tests)
+           "tests/test_smoke.py::test_fit_resume_test_predict": 43}  # fmt: skip
+SECONDS_EACH = {"test_settings_matrix": 32, "test_fault_matrix": 30, "test_resume": 11, "test_run_folders": 9,
+                "test_checkpointing": 5, "test_bench": 4}  # test_settings_matrix: a case (its two tests)
 
 
 def module_of(nodeid: str) -> str:
