@@ -237,44 +237,42 @@ def load_script(name: str):
     return module
 
 
-# pytest-xdist (pyproject.toml's addopts: two workers, --dist loadgroup) runs the tests that share a computation
-# made once per process on the same worker, so it is made once: the session's tiny run (test_answers, test_cli,
-# test_robustness), the chapter's experiments and untrained GPT-2 (the caches above), and each module's
-# module-scoped runs, and the fault matrix's 5 cases (with GPT_LIT_FAULT_MATRIX=full, as CI runs it, its 25 cases
-# go out one by one, and its uninterrupted run is made once on each worker). Every other test is a unit of its
-# own. The units go out heaviest first (their seconds on a 2-core EPYC), so that the two workers end together:
-# pytest_collection_modifyitems below marks the groups and orders the units.
+# Two tiers: `python -m pytest -q` tests every behaviour at least once; with ``GPT_LIT_TESTS=full`` (.ci/run) the
+# tests marked ``full`` run too: every case of the matrices, and the same behaviours in other process layouts (two
+# nodes, spawned workers, the installed wheel). Without it they are deselected (docs/testing.md).
+FULL = os.environ.get("GPT_LIT_TESTS") == "full"
+
+# pytest-xdist (addopts: two workers, --dist loadgroup) runs the tests that share a computation made once per
+# process on one worker, so it is made once: the chapter's experiments and untrained GPT-2 (the caches above), each
+# module's module-scoped runs, the fault matrix's default cases (under GPT_LIT_TESTS=full its cases go out one by
+# one, its uninterrupted run made once on each worker). The session's tiny run is made once on each worker: the
+# files that read it go out one by one. Every other test is a unit of its own. The units go out heaviest first, so
+# that the two workers end together.
 GROUPS = {
-    **dict.fromkeys(["test_answers", "test_bad_inputs", "test_cli", "test_export", "test_inspect_page",
-                      "test_robustness", "test_run_settings"], "tiny_run"),
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
-    **{name: name for name in ["test_data", "test_ddp", "test_diagnostics", "test_inside_block", "test_packaging",
-                               "test_pretrained", "test_readme", "test_resume_windows", "test_safe_checkpoints",
+    **{name: name for name in ["test_answers", "test_bad_inputs", "test_cli", "test_data", "test_ddp",
+                               "test_diagnostics", "test_export", "test_inside_block", "test_inspect_page",
+                               "test_packaging", "test_pretrained", "test_readme", "test_resume_windows",
+                               "test_robustness", "test_run_settings", "test_safe_checkpoints",
                                "test_tensorboard_docs", "test_when_and_whom"]},
+    **({} if FULL else {"test_fault_matrix": "test_fault_matrix"}),
 }  # fmt: skip
-if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
-    GROUPS["test_fault_matrix"] = "test_fault_matrix"
-# Seconds of each group, and of each test of a file that is not a group (measured on the 2-core EPYC, rounded;
-# `--durations=0` under xdist, summed per group).
-SECONDS = {"test_ddp": 64, "test_resume_windows": 12, "tiny_run": 90, "test_fault_matrix": 44, "chapter": 30,
-           "test_pretrained": 23, "test_when_and_whom": 30, "test_packaging": 18, "test_inside_block": 12,
-           "test_safe_checkpoints": 11, "test_readme": 70,
-           # test_ddp: ~50 s, on two processes, so it counts more and goes first, while the other worker has much to do
-           # torch.compile: 4 s with its kernels cached, a minute on a machine's first run
+# The seconds of each group, and of each test of a file that is not a group: `--durations=0` under xdist, summed per
+# group, rounded (on a shared 2-core machine: what counts is their order). test_ddp's session runs on two processes.
+SECONDS = {"test_ddp": 200, "test_answers": 156, "test_packaging": 150, "test_fault_matrix": 138, "chapter": 79,
+           "test_inside_block": 133, "test_bad_inputs": 128, "test_readme": 100, "test_cli": 94, "test_export": 92,
+           "test_robustness": 88, "test_pretrained": 84, "test_resume_windows": 60, "test_diagnostics": 11,
+           "test_when_and_whom": 49, "test_safe_checkpoints": 45, "test_tensorboard_docs": 29, "test_inspect_page": 40,
+           "test_run_settings": 12,
+           # torch.compile: seconds with its kernels cached, a minute on a machine's first run
            "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
-           "tests/test_mac.py::test_fit_with_two_spawned_workers_trains_on_the_same_batches": 14,
-           "tests/test_smoke.py::test_fit_resume_test_predict": 14}  # fmt: skip
-SECONDS_EACH = {"test_settings_matrix": 30, "test_fault_matrix": 11, "test_checkpointing": 5, "test_resume": 8,
-                "test_bench": 4}  # test_settings_matrix: a case (its two tests), with GPT_LIT_SETTINGS_MATRIX=full
+           "tests/test_smoke.py::test_fit_resume_test_predict": 43}  # fmt: skip
+SECONDS_EACH = {"test_settings_matrix": 32, "test_fault_matrix": 30, "test_resume": 11, "test_run_folders": 9,
+                "test_checkpointing": 5, "test_bench": 4}  # test_settings_matrix: a case (its two tests)
 
 
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-
-
-def seconds(item: pytest.Item, group: str | None) -> float:
-    """The seconds of the unit ``item`` goes out in: its group's, or its own."""
-    return SECONDS.get(group or item.nodeid, SECONDS_EACH.get(module_of(item.nodeid), 0))
 
 
 def unit(item: pytest.Item) -> str | None:
@@ -286,15 +284,18 @@ def unit(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which adds each xdist_group mark's name to the test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker (whose collection the scheduler reads), mark each test of a group ``xdist_group`` (with
-    ``--dist loadgroup`` xdist sends a group to one worker) and put the heaviest units first: with
-    ``--no-loadscope-reorder`` (pyproject.toml's addopts) xdist hands out the units in the order of their first
-    tests in the collection."""
+    """Deselect the ``full`` tier without GPT_LIT_TESTS=full. On an xdist worker (whose collection the scheduler
+    reads), mark each test of a group ``xdist_group`` (``--dist loadgroup`` sends a group to one worker) and put the
+    heaviest units first: with ``--no-loadscope-reorder`` xdist hands them out in the order of their first tests."""
+    if not FULL and (full := [item for item in items if item.get_closest_marker("full")]):
+        config.hook.pytest_deselected(items=full)
+        items[:] = [item for item in items if not item.get_closest_marker("full")]
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    units = {}
+    units = {id(item): unit(item) for item in items}
     for item in items:
-        units[id(item)] = group = unit(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: -seconds(item, units[id(item)]))  # stable: the same seconds keep their order
+        if units[id(item)] is not None:
+            item.add_marker(pytest.mark.xdist_group(units[id(item)]))
+    seconds = {id(item): SECONDS.get(units[id(item)] or item.nodeid, SECONDS_EACH.get(module_of(item.nodeid), 0))
+               for item in items}  # fmt: skip
+    items.sort(key=lambda item: -seconds[id(item)])  # stable: the same seconds keep their order

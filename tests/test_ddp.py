@@ -375,6 +375,7 @@ if torch.distributed.is_initialized():
 NODES_RUN = [*RUN, "--model.config.dropout", "0", "--trainer.max_epochs", "1", "--data.eval_train", "false"]
 
 
+@pytest.mark.full  # two more processes; two processes on one node are the session's
 def test_two_nodes_of_one_process_each_give_one_processs_losses_instruments_and_checkpoint(tmp_path_factory):
     import socket
 

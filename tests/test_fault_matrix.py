@@ -4,7 +4,7 @@ The matrix: stops {Ctrl-C, Ctrl-C twice, SIGTERM, kill -9 during a save, a full 
 validation, in the end-of-epoch hooks, during the sanity check, after the last epoch} x checkpoint configs
 {the shipped ModelCheckpoint, none, ModelCheckpoint with mode max, a step interval that divides the epoch
 (with save_last), AsyncCheckpointIO}. Every pair of values is in at least one case (a Latin square: 25 cases;
-``GPT_LIT_FAULT_MATRIX=full``, else 5 of them, below).
+4 of them by default, all with ``GPT_LIT_TESTS=full``).
 Each case runs the tiny model (3 epochs of 2 steps, 3 validation batches, 1 sanity batch) in this process
 (kill -9 in a forked child process), stops it, resumes it from ``last.ckpt`` as the stop's message says, and compares
 every TensorBoard tag (scalars, images, text) and the final weights with ONE uninterrupted run.
@@ -90,20 +90,18 @@ MOMENTS = ["mid_step", "validation", "epoch_end", "sanity_check", "after_last_ep
 CONFIGS = ["shipped", "none", "mode_max", "step_interval", "async"]
 # Latin square: case (i, j) is stop i at moment j with config (i + j) mod 5, so every pair of values meets once.
 CASES = [(s, m, CONFIGS[(i + j) % 5]) for i, s in enumerate(STOPS) for j, m in enumerate(MOMENTS)]
-# The whole square takes ~6.5 CPU minutes (2-core EPYC); by default five of its cases run, one per stop: the
-# table's Ctrl-C and SIGTERM during validation, and the cases that caught a Lightning SIGTERM handler stopping an
-# evaluation, TensorBoard showing a redone step twice, a kill -9 mid-save, and a full disk under AsyncCheckpointIO.
-# GPT_LIT_FAULT_MATRIX=full runs all 25.
+# By default four of its cases run, one per stop but Ctrl-C (test_resume.py's path; Ctrl-C during a validation:
+# test_settings_matrix.py): the cases that caught Lightning's SIGTERM handler stopping an evaluation, TensorBoard
+# showing a redone step twice, a kill -9 mid-save, and a full disk under AsyncCheckpointIO. All 25 are in the
+# ``full`` tier (GPT_LIT_TESTS=full, tests/conftest.py).
 QUICK = {
-    ("ctrl_c", "validation", "none"),
     ("sigterm", "validation", "step_interval"),
     ("ctrl_c_twice", "epoch_end", "step_interval"),
     ("kill9", "mid_step", "step_interval"),
     ("full_disk", "mid_step", "async"),
 }
 assert QUICK <= set(CASES)
-if os.environ.get("GPT_LIT_FAULT_MATRIX") != "full":
-    CASES = [case for case in CASES if case in QUICK]
+CASES = [pytest.param(*case, id="-".join(case), marks=[] if case in QUICK else [pytest.mark.full]) for case in CASES]
 # last.ckpt's global step after one Ctrl-C or SIGTERM at each moment: after the step under way (epoch 1's first,
 # step 2); after epoch 0's evaluation and end (2 steps); after the first step following the sanity check.
 STOPPED_AT = {"mid_step": 3, "validation": 2, "epoch_end": 2, "sanity_check": 1}
@@ -250,7 +248,7 @@ def on_one_thread():
         yield
 
 
-@pytest.mark.parametrize(("stop", "moment", "config"), CASES, ids=["-".join(case) for case in CASES])
+@pytest.mark.parametrize(("stop", "moment", "config"), CASES)
 def test_stop_and_resume(stop, moment, config, reference, stop_module, capsys, monkeypatch):
     folder = stop_module
     previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal

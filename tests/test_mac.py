@@ -28,6 +28,7 @@ class StepLosses(L.Callback):
         self.losses.append(outputs["loss"].item())
 
 
+@pytest.mark.full  # each spawned worker imports torch and gpt_lit anew; one worker process: test_resume_windows.py
 def test_fit_with_two_spawned_workers_trains_on_the_same_batches(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     in_process, spawned = StepLosses(), StepLosses()

@@ -3,7 +3,9 @@
 progress bar draws itself live, as a reader sees it), trains on the shipped book and prints no noise, each line
 whole.
 
-Both steps start processes on purpose: pip, and `python -m gpt_lit` from the installed wheel, as a reader runs it."""
+Both steps start processes on purpose: pip, and `python -m gpt_lit` from the installed wheel, as a reader runs it.
+In the ``full`` tier (GPT_LIT_TESTS=full, as CI runs it); by default tests/test_readme.py runs the README's commands
+from the checkout, each a process of its own, and checks their output for NOISE."""
 
 import fcntl
 import os
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY
+
+pytestmark = pytest.mark.full
 
 NOISE = ["Tip:", "litlogger", "already configured", "LeafSpec", "deprecated", "weights_only", "FLOPs", "Warning"]
 

@@ -115,7 +115,14 @@ class Run:
     events: list[EventAccumulator]  # each TensorBoard logger's
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(case) for case in CASES])
+# By default two cases: validations mid-epoch and at an epoch's end, counted across epochs, with the CSV logger first;
+# a sanity check and validation every 2nd epoch, with TensorBoard and CSV. The others: the ``full`` tier.
+DEFAULT = [("every_4_steps_across_epochs", "csv_first"), ("every_2nd_epoch_with_sanity_check", "tensorboard_and_csv")]
+assert set(DEFAULT) <= set(CASES)
+PARAMS = [pytest.param(case, id="-".join(case), marks=[] if case in DEFAULT else [pytest.mark.full]) for case in CASES]
+
+
+@pytest.fixture(scope="module", params=PARAMS)
 def run(request, tmp_path_factory) -> Iterator[Run]:
     setting, loggers = request.param
     folder = tmp_path_factory.mktemp(f"{setting}-{loggers}")
