@@ -28,13 +28,13 @@ RUN = [
 def test_an_infinite_loss_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoint(
     capsys, tmp_path, monkeypatch
 ):
-    loss = GPTLightning.loss
+    losses = GPTLightning.token_losses
 
     def infinite_at_step_4(self, batch):  # as a loss that overflows: +inf, not NaN
-        value = loss(self, batch)
-        return value * math.inf if self.training and self.trainer.global_step == 4 else value
+        values = losses(self, batch)
+        return values * math.inf if self.training and self.trainer.global_step == 4 else values
 
-    monkeypatch.setattr(GPTLightning, "loss", infinite_at_step_4)
+    monkeypatch.setattr(GPTLightning, "token_losses", infinite_at_step_4)
     with pytest.raises(SystemExit) as exit_:
         main(["fit", *RUN, "--trainer.limit_val_batches", "1", "--trainer.logger.init_args.save_dir", str(tmp_path)])
     err = capsys.readouterr().err

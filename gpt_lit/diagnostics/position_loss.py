@@ -63,11 +63,13 @@ class PositionLoss(ValidationStep):
         if not self.fitting(trainer) or self.means is None or not self.means.update_count:
             return
         losses = self.means.compute().tolist()  # on every process: the sums of all processes (a collective)
-        if not trainer.loggers or not trainer.is_global_zero:
+        if not trainer.loggers:
+            return
+        shown = [p for p in self.positions if 1 <= p <= len(losses)]
+        pl_module.log_dict({f"loss_by_position/{p}": losses[p - 1] for p in shown}, sync_dist=True)  # equal everywhere
+        if not trainer.is_global_zero:
             return
         self.history.append({"step": self.step, "epoch": self.epoch, "losses": losses})
-        shown = [p for p in self.positions if 1 <= p <= len(losses)]
-        pl_module.log_dict({f"loss_by_position/{p}": losses[p - 1] for p in shown}, rank_zero_only=True)
         last, floor = run_epochs(trainer), getattr(trainer.datamodule, "unigram_floor", None)
         show(trainer, "figures/loss_by_position", self.step, self.chart,
              lambda ax: draw_positions(ax, self.history, floor, last))  # fmt: skip

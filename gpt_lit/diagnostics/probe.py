@@ -104,8 +104,8 @@ class Probe(ValidationStep):
                 pl_module.train()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.active and self.fitting(trainer) and trainer.loggers and trainer.is_global_zero:
-            pl_module.log_dict(self.probe(trainer, pl_module, self.step, self.epoch), rank_zero_only=True)
+        if self.active and self.fitting(trainer) and trainer.loggers:  # every process: same weights, windows, values
+            pl_module.log_dict(self.probe(trainer, pl_module, self.step, self.epoch), sync_dist=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}

@@ -55,4 +55,4 @@ class UnigramBaseline(ValidationStep):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.fitting(trainer):
-            pl_module.log("loss/unigram_baseline", trainer.datamodule.unigram_floor)
+            pl_module.log("loss/unigram_baseline", trainer.datamodule.unigram_floor, sync_dist=True)
