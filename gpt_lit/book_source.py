@@ -1,6 +1,4 @@
-"""Where the book comes from: the copy that ships with gpt_lit, or another one (downloaded when missing), read
-and stripped of Project Gutenberg's header and licence.
-"""
+"""The book: the copy that ships with gpt_lit, or another (downloaded when missing), stripped of Gutenberg's header."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ from gpt_lit.errors import GptLitError, say
 BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
 BOOK_FILE = "pg35.txt"
 DATA_DIR_ENV = "GPT_LIT_DATA_DIR"
-# The copy every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends). It ships
-# with the package, Gutenberg's licence inside it, so nothing needs the network.
+# The shipped copy, which every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends).
 BOOK_SHA256 = "7fb3a97247192d3ddbe13be43d0359d8395db73b884f395c4b5f15f6931acba2"
 SHIPPED_BOOK_DIR = Path(__file__).resolve().parent / "book"
 
@@ -88,10 +85,7 @@ def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
 
 
 def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
-    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story.
-
-    A copy that is not byte for byte the shipped one is used all the same, after a one-line warning.
-    """
+    """The story in ``data_dir``'s ``pg35.txt`` (downloaded first if missing); another copy after a one-line warning."""
     path = ensure_book(data_dir, download)
     try:
         data = path.read_bytes()

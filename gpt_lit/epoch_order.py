@@ -1,9 +1,8 @@
 """The order each epoch takes the training windows in, and the training loader that Lightning resumes mid-epoch.
 
-Each epoch has one global order of the training windows, a permutation fixed by ``seed + epoch`` alone. A training
-step takes the next ``processes * batch_size`` windows of it: process r gets the positions r, r + n, r + 2n, ... of
-that slice (n processes). A checkpoint keeps the loader's state, how many steps of its epoch had run; a run resumed
-from it mid-epoch goes on with the next step's windows, in the batches and the order it was saved with.
+Each epoch's global order is a permutation fixed by ``seed + epoch`` alone; a step takes its next ``processes *
+batch_size`` windows, process r the positions r, r + n, ... of them. The loader's state (how many steps of its epoch
+had run) is in every checkpoint: a run resumed from it goes on with the next step's windows.
 """
 
 from __future__ import annotations
@@ -22,13 +21,9 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 class GlobalOrderSampler(DistributedSampler):
-    """This process's share of each epoch's global order, ``batch_size`` windows a step.
-
-    Every epoch has ``windows // (processes * batch_size)`` steps (a last, partial step is dropped, as
-    ``drop_last``), and ``len()`` is that many batches. ``skip = (epoch, steps)``: that epoch starts after its first
-    ``steps`` steps (those a checkpoint saved mid-epoch had trained on), which Lightning, restoring its batch
-    counters, counts as done. A DistributedSampler, so that Lightning uses it as it is under several processes.
-    """
+    """This process's share of each epoch's global order, ``batch_size`` windows a step, ``windows // (processes *
+    batch_size)`` steps. ``skip = (epoch, steps)``: that epoch starts after the steps a checkpoint saved mid-epoch had
+    run. A DistributedSampler, so that Lightning uses it as it is under several processes."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, batch_size: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
@@ -46,10 +41,8 @@ class GlobalOrderSampler(DistributedSampler):
 
 
 class TrainLoader(DataLoader):
-    """The training DataLoader with a state (torch's DataLoader has none), which Lightning's fit loop saves in each
-    checkpoint and, resuming mid-epoch, loads before it draws a batch: how many steps of the sampler's epoch had run
-    (Lightning's count, read from ``progress``, its batch progress) and ``settings``, what fixes the epoch's batches.
-    """
+    """The training DataLoader with a state, which Lightning's fit loop saves in each checkpoint and loads on a resume:
+    how many steps of the sampler's epoch had run (read from Lightning's batch ``progress``) and the ``settings``."""
 
     def __init__(self, *args, progress=None, settings: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -58,8 +51,8 @@ class TrainLoader(DataLoader):
     def state_dict(self) -> dict:
         if not isinstance(self.sampler, GlobalOrderSampler):  # trainer.overfit_batches puts Lightning's own in
             return {}
-        # ``processed``: the batches whose step has run (a checkpoint saved in on_train_batch_end is saved before
-        # Lightning counts its batch as completed, one saved in on_train_batch_start after it counts the next ready).
+        # ``processed``: the batches whose step has run (a save in on_train_batch_end comes before Lightning counts its
+        # batch as completed, one in on_train_batch_start after it counts the next as ready).
         steps, done = (self.progress.current.processed, self.progress.is_last_batch) if self.progress else (0, False)
         return {"epoch": self.sampler.epoch, "steps": steps, "epoch_done": done, **self.settings}
 
@@ -79,8 +72,7 @@ SETTINGS = {"seed": "data.seed", "context_length": "data.context_length", "strid
 
 
 def batch_settings(data, processes: int) -> dict:
-    """What fixes an epoch's batches (``data``: a TimeMachineData on ``processes`` processes), as a checkpoint keeps
-    it; the windows themselves once ``data`` has them."""
+    """What fixes an epoch's batches (``data``, a TimeMachineData, on ``processes`` processes), and its windows'."""
     settings = {key: getattr(data, key) for key in SETTINGS if key != "processes"}
     settings["processes"] = processes
     if data.train_set is not None:
@@ -89,8 +81,7 @@ def batch_settings(data, processes: int) -> dict:
 
 
 def check_same_batches(saved: dict, now: dict, source: str) -> None:
-    """Raise a GptLitError if a training loader's state ``saved`` is of an epoch under way whose batches ``now``
-    (``batch_settings``) would change; the windows are compared when ``now`` has them."""
+    """A GptLitError if the loader's state ``saved`` is of an epoch under way whose batches ``now`` would change."""
     if not saved or saved["epoch_done"] or not saved["steps"]:
         return
     changed = [f"{name} {saved[key]} (now {now[key]})" for key, name in SETTINGS.items() if saved[key] != now[key]]

