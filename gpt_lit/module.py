@@ -64,34 +64,30 @@ class GPTLightning(L.LightningModule):
     ):
         """The chapter's GPT trained for next-token prediction with cross-entropy and AdamW.
 
-        The speed options change the fp32 numbers only by float rounding (except ``tf32``, and ``compile`` with
-        dropout); mixed precision is the trainer's (``trainer.precision: bf16-mixed``).
-
         Args:
             config: The model's sizes; context_length and vocab_size are linked from the data.
             lr: AdamW learning rate.
             weight_decay: AdamW weight decay, on every parameter.
-            compile: Run the model through ``torch.compile`` (slower start, faster steps; the loss then comes from
-                the compiled ``model(x)``). With dropout above 0 it draws other dropout masks than an uncompiled run.
-            fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``): fewer passes
-                over the logits in training, cache-sized tiles in evaluation; the same losses to float rounding.
+            compile: Run the model through ``torch.compile`` (slower start, faster steps; other dropout masks).
+            fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``): the same losses,
+                fewer passes over the logits in training, evaluation in tiles of 1024 tokens x 2048 words of logits.
                 Not used under fp16 precision or a strategy that shards the parameters (FSDP).
             fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA), the same update in one pass; the unfused one
                 under 16-mixed, and under bf16-mixed with gradient clipping (said in the log).
-            keep_cpu_memory: On CPU (Linux, glibc), keep freed memory in the process for the next step instead of
-                returning it to the OS (removes most system time; the process stays at its peak memory).
+            keep_cpu_memory: On CPU (Linux, glibc), keep freed memory in the process for the next step (removes most
+                system time; the process stays at its peak memory).
             tf32: On CUDA only, run fp32 matmuls as TF32 (``torch.set_float32_matmul_precision("high")``).
             max_new_tokens: Tokens ``predict`` appends to each prompt.
             temperature: 0 is greedy decoding, the chapter's; above 0 samples from softmax(logits / T), each prompt
-                with a generator seeded from the run's seed and its number (the same text for the same seed).
+                with a generator seeded from the run's seed and its number.
             top_k: When sampling, keep only the k most likely tokens (None: all).
             init_from: Start from GPT-2's released weights: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl;
-                needs ``pip install -e ".[hub]"``) or a Hugging Face GPT-2 folder. model.config must match its
-                config.json; data.context_length may be shorter. A --ckpt_path is restored over these weights.
-            weights_from_checkpoint: A checkpoint gives every weight, so ``init_from``'s are not loaded (linked to
-                ``--ckpt_path`` by the CLI; not a hyperparameter).
-            inspect: ``predict`` only: also write, for each prompt, ``inspect_<n>.html`` in predict's folder, a page
-                of what the model does with it, and its figures as ``inspect_<n>/*.png``. Not a hyperparameter.
+                needs ``pip install -e ".[hub]"``) or a Hugging Face GPT-2 folder, whose config.json model.config
+                must match (data.context_length may be shorter). A --ckpt_path is restored over these weights.
+            weights_from_checkpoint: Set by the CLI with --ckpt_path: a checkpoint gives every weight, so
+                ``init_from``'s are not loaded. Not a hyperparameter.
+            inspect: ``predict`` only: also write for each prompt a page of what the model does with it,
+                ``inspect_<n>.html`` in predict's folder, and its figures, ``inspect_<n>/*.png``. Not a hyperparameter.
         """
         super().__init__()
         if lr <= 0 or weight_decay < 0 or max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k <= 0):
