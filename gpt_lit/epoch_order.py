@@ -13,13 +13,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from gpt_lit.errors import GptLitError
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The global order of ``n`` windows in ``epoch``: the permutation DistributedSampler draws for seed + epoch."""
-    generator = torch.Generator()
-    generator.manual_seed(seed + epoch)
-    return torch.randperm(n, generator=generator).tolist()
-
-
 class GlobalOrderSampler(DistributedSampler):
     """This process's share of each epoch's global order, ``batch_size`` windows a step, ``windows // (processes *
     batch_size)`` steps. ``skip = (epoch, steps)``: that epoch starts after the steps a checkpoint saved mid-epoch had
@@ -33,7 +26,8 @@ class GlobalOrderSampler(DistributedSampler):
 
     def __iter__(self):
         begin = self.skip[1] * self.per_step if self.skip[0] == self.epoch else 0
-        order = epoch_order(len(self.dataset), self.seed, self.epoch)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()  # the epoch's global order
         return iter([order[p] for p in range(begin + self.rank, self.steps * self.per_step, self.num_replicas)])
 
     def __len__(self) -> int:

@@ -31,11 +31,6 @@ def token_losses(h: torch.Tensor, weight: torch.Tensor | None, targets: torch.Te
     return vocab_blocked_token_losses(h, weight, targets)
 
 
-def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The mean of ``token_losses``: ``F.cross_entropy(F.linear(h, weight), targets)`` to float rounding."""
-    return token_losses(h, weight, targets).mean()
-
-
 class _HeadCrossEntropy(torch.autograd.Function):
     """Output head and cross-entropy in one step, for training: -log softmax(h_i W^T)[t_i] for each row i, as
     ``F.cross_entropy(F.linear(h, W), t, reduction="none")`` with fewer passes over the logits: one softmax gives both
