@@ -51,19 +51,9 @@ def _encoding(name: str) -> tiktoken.Encoding:
     if name != "gpt2":
         raise ValueError(f"unknown tokenizer {name!r}: only 'gpt2' (GPT-2's BPE) ships with gpt_lit")
     vocab, encoder = _bpe_files()
-    ranks = data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=str(vocab),
-        encoder_json_file=str(encoder),
-        vocab_bpe_hash=VOCAB_BPE_SHA256,
-        encoder_json_hash=ENCODER_JSON_SHA256,
-    )
-    return tiktoken.Encoding(
-        name="gpt2",
-        explicit_n_vocab=50257,
-        pat_str=GPT2_PAT_STR,
-        mergeable_ranks=ranks,
-        special_tokens={ENDOFTEXT: 50256},
-    )
+    ranks = data_gym_to_mergeable_bpe_ranks(str(vocab), str(encoder), VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)
+    return tiktoken.Encoding("gpt2", explicit_n_vocab=50257, pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256})  # fmt: skip
 
 
 def encode(text: str) -> list[int]:
