@@ -80,23 +80,19 @@ class TimeMachineData(L.LightningDataModule):
         Args:
             data_dir: Folder holding another copy of pg35.txt as Gutenberg serves it (downloaded there if missing;
                 another copy than the shipped one gets a warning). Default: $GPT_LIT_DATA_DIR, else the shipped book.
-            tokenizer: The BPE tokenizer; only GPT-2's ("gpt2") ships. Its vocabulary size is linked to
-                model.config.vocab_size.
+            tokenizer: The BPE tokenizer; only GPT-2's ("gpt2") ships (its vocabulary size: model.config.vocab_size).
             download: Download the book when it is not in data_dir (never needed for the shipped copy).
             context_length: Tokens per training window; also the model's context_length (linked).
             stride: Tokens between the starts of consecutive windows; None: context_length, the chapter's windows
                 without overlap. Shorter makes windows overlap; longer leaves text out (said in one line).
-            train_fraction: Fraction of the book's characters, from the start, used for training; the rest is the
-                validation (and test) set.
+            train_fraction: Fraction of the book's characters, from the start, for training; the rest validates.
             batch_size: Training windows per step, on each process (a run resumed mid-epoch keeps the checkpoint's
                 until that epoch ends).
             eval_batch_size: Windows per batch when evaluating the whole training and validation sets.
-            eval_train: Also evaluate the whole training set (without dropout) after every epoch, as the chapter's
-                figure does; logged as loss/train.
+            eval_train: Also evaluate the whole training set after every epoch, as the chapter's figure (loss/train).
             seed: Seed of the training shuffle; epoch e uses seed + e, so resumed runs see the same order.
             num_workers: DataLoader worker processes (0: load in the main process; the data is tiny).
-            multiprocessing_context: How the workers start: "spawn", "fork" or "forkserver"; None: the platform's
-                default. Only with num_workers > 0.
+            multiprocessing_context: How the workers start: "spawn", "fork" or "forkserver"; None: the platform's.
             prompts: Texts for ``predict`` to continue.
             prompts_file: A text file of prompts for ``predict``, one per line (blank lines skipped).
         """

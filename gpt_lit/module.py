@@ -176,16 +176,13 @@ class GPTLightning(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor] | None:
-        """dataloader 0: the validation set, whose batches return each token's loss, (B, T), as ``token_losses``
-        (to ``on_validation_batch_end``: PositionLoss averages them by position); 1: the whole training set (see
-        TimeMachineData.val_dataloader)."""
+        """dataloader 0: the validation set, returning each token's loss (B, T) for PositionLoss; 1: the training set"""
         per_token = self.token_losses(batch)
         (self.val_loss if dataloader_idx == 0 else self.train_eval_loss).update(per_token.mean(), per_token.numel())
         return {"token_losses": per_token} if dataloader_idx == 0 else None
 
     def on_validation_epoch_end(self) -> None:
-        # The metric objects, as on_test_epoch_end logs them: Lightning logs their means across processes and resets
-        # them after the loop; each mean (computed once, a collective across processes) is this validation's result.
+        # The metric objects: Lightning logs their means across processes and resets them after the loop.
         results: dict[str, Any] = {}
         for name, metric in (("loss/val", self.val_loss), ("loss/train", self.train_eval_loss)):
             if metric.update_count:

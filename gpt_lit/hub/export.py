@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from gpt_lit.errors import GptLitError
 from gpt_lit.hub.gpt2 import EOT_ID, hf_config, hf_state
-from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.model import GPT
 from gpt_lit.run.reading import read_checkpoint
 from gpt_lit.tokenizer import ENDOFTEXT, _bpe_files
 
@@ -25,21 +25,16 @@ FILES = ["config.json", "generation_config.json", "model.safetensors", "vocab.js
          "tokenizer_config.json"]  # fmt: skip
 
 
-def generation_config(cfg: GPTConfig, max_new_tokens: int) -> dict:
-    """``generation_config.json``: ``predict``'s greedy decoding, its ``max_new_tokens`` in 1 .. half the context (GPT-2
-    has no position past ``n_positions``, where ``generate`` slides its window); ``<|endoftext|>`` as bos, eos, pad."""
-    return {
-        "do_sample": False,
-        "max_new_tokens": max(1, min(max_new_tokens, cfg.context_length // 2)),
-        **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), EOT_ID),
-    }
-
-
 def export_model(model: GPT, out: Path, max_new_tokens: int) -> None:
-    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES."""
+    """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES;
+    ``max_new_tokens`` is ``predict``'s, for its greedy decoding in ``generation_config.json``."""
     configs = {
         "config.json": hf_config(model.cfg),  # first: a model GPT-2 cannot compute is refused before the folder
-        "generation_config.json": generation_config(model.cfg, max_new_tokens),
+        "generation_config.json": {  # at most half the context: GPT-2 has no position past n_positions
+            "do_sample": False,
+            "max_new_tokens": max(1, min(max_new_tokens, model.cfg.context_length // 2)),
+            **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), EOT_ID),
+        },
         "tokenizer_config.json": {
             "tokenizer_class": "GPT2Tokenizer",
             "model_max_length": model.cfg.context_length,
