@@ -176,7 +176,7 @@ class GPTLightning(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor] | None:
-        """dataloader 0: the validation set, returning each token's loss (B, T) for PositionLoss; 1: the training set"""
+        """Dataloader 0, the validation set, returns each token's loss (B, T) for PositionLoss; 1: the training set."""
         per_token = self.token_losses(batch)
         (self.val_loss if dataloader_idx == 0 else self.train_eval_loss).update(per_token.mean(), per_token.numel())
         return {"token_losses": per_token} if dataloader_idx == 0 else None
