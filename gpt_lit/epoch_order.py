@@ -1,8 +1,5 @@
-"""The order each epoch takes the training windows in, and the training loader that Lightning resumes mid-epoch.
-
-Each epoch's global order is a permutation fixed by ``seed + epoch`` alone; a step takes its next ``processes *
-batch_size`` windows, process r the positions r, r + n, ... of them. The loader's state (how many steps of its epoch
-had run) is in every checkpoint: a run resumed from it goes on with the next step's windows.
+"""The order each epoch takes the training windows in (a permutation fixed by ``seed + epoch``, a step taking its next
+``processes * batch_size``), and the training loader whose state Lightning saves and resumes mid-epoch from.
 """
 
 from __future__ import annotations

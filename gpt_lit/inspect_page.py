@@ -1,8 +1,5 @@
-"""Inside the block on the reader's own sentence: the page ``predict --model.inspect true`` writes for each prompt.
-
-``inspect_<n>.html`` is self-contained (opens with no network): each token's loss and top 5 predictions, every
-head's attention, the logit lens and the residual stream, from gpt_lit/measure.py's functions on one pass over the
-prompt; its figures also go to ``inspect_<n>/*.png``. The HTML itself is inspect_page.html.
+"""The page ``predict --model.inspect true`` writes for each prompt, self-contained (inspect_page.html filled): each
+token's loss and top 5 predictions, every head's attention, the logit lens and the residual stream, from measure.py.
 """
 
 from __future__ import annotations

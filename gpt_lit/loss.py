@@ -1,9 +1,6 @@
-"""The output head's cross-entropy, -log softmax(h W^T)[t] for each token: ``token_losses`` is the one function the
-training loss, the whole-set evaluation and the logit lens go through.
-
-With gradients it is fused, one softmax giving each loss and its gradient (``_HeadCrossEntropy``); without, in tiles
-of logits that stay in the CPU's caches (``vocab_blocked_token_losses``); the same numbers to float rounding. Under
-autocast the head's matmul runs in the autocast dtype and the softmax in fp32, as ``F.linear`` then ``.float()``.
+"""The output head's cross-entropy, -log softmax(h W^T)[t] for each token: ``token_losses``, the one function of the
+training loss, the whole-set evaluation and the logit lens. Under autocast the head's matmul runs in the autocast
+dtype and the softmax in fp32, as ``F.linear`` then ``.float()``.
 """
 
 from __future__ import annotations
@@ -19,10 +16,8 @@ COLUMN_MULTIPLE = 64
 
 
 def token_losses(h: torch.Tensor, weight: torch.Tensor | None, targets: torch.Tensor) -> torch.Tensor:
-    """Each token's cross-entropy -log softmax(h W^T)[t]: (N, C) final hidden states (after the final norm), the
-    (V, C) head's weight and (N,) targets -> (N,). Fused when a gradient is wanted, in tiles otherwise.
-
-    ``weight=None``: ``h`` holds the (N, V) logits already, and the loss is ``F.cross_entropy``'s, in fp32.
+    """Each token's -log softmax(h W^T)[t]: (N, C) normed hidden states, the (V, C) head's weight, (N,) targets -> (N,);
+    fused with gradients, in tiles without. ``weight=None``: ``h`` is the (N, V) logits, and it is ``F.cross_entropy``.
     """
     if weight is None:
         return F.cross_entropy(h.float(), targets, reduction="none")
@@ -59,12 +54,8 @@ class _HeadCrossEntropy(torch.autograd.Function):
 
 
 def _losses_from_softmax(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor, host_check: bool):
-    """-log softmax(logits)[t] per row, from the softmax already made: (N, V), (N, V), (N,) -> (N,).
-
-    With ``host_check`` (on CPU): -log p[t], and logsumexp for a row whose p[t] is below 1e-30 (float32 cannot
-    resolve it). Without (a GPU, where the check would make the host wait): log sum_j exp(x_j) = max_j x_j -
-    log max_j p_j, the top probability never underflowing.
-    """
+    """-log softmax(logits)[t] per row from the softmax made: with ``host_check`` (CPU) -log p[t], or logsumexp where
+    p[t] < 1e-30; without (GPU: no wait for the host), log sum_j exp(x_j) = max_j x_j - log max_j p_j."""
     t = targets[:, None]
     if not host_check:
         log_sum_exp = logits.amax(dim=-1) - probs.amax(dim=-1).log()
@@ -82,10 +73,8 @@ def _losses_from_softmax(logits: torch.Tensor, probs: torch.Tensor, targets: tor
 def vocab_blocked_token_losses(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, tokens: int = TILE_TOKENS, words: int = TILE_WORDS
 ) -> torch.Tensor:
-    """``token_losses`` without gradients: (N, C), (V, C), (N,) -> (N,), in tiles of ``tokens`` rows x ``words`` words
-    that stay in the CPU's caches: each block's log-sum-exp added with ``logaddexp`` (as flash attention combines its
-    blocks), the target's logit read from its block.
-    """
+    """``token_losses`` without gradients, in tiles of ``tokens`` rows x ``words`` words that stay in the CPU's caches,
+    each block's log-sum-exp added with ``logaddexp`` (as flash attention combines its blocks)."""
     dtype = _matmul_dtype(h)
     h_c, w_c = h.to(dtype), weight.to(dtype)
     # Each block of words as (its first word, its number of words, its rows padded to a multiple of

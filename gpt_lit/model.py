@@ -202,11 +202,8 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Append ``max_new_tokens`` tokens to ``idx`` (B, T), feeding at most the last context_length tokens.
-
-    ``temperature=0`` is the chapter's greedy decoding; above 0 it samples from softmax(logits / temperature), from
-    the ``top_k`` likeliest tokens if given. No cache, as in the chapter; the head runs on the last position only.
-    """
+    """Append ``max_new_tokens`` tokens to ``idx`` (B, T), feeding at most the last context_length tokens: greedy (the
+    chapter's) at ``temperature=0``, else sampled from softmax(logits / temperature), from the ``top_k`` likeliest."""
     model.eval()
     for _ in range(max_new_tokens):
         h = model.hidden_states(idx[:, -model.cfg.context_length :])[:, -1]  # (B, emb_dim): the last position's

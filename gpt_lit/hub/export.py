@@ -1,8 +1,5 @@
-"""``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder, for ``transformers`` offline.
-
-``GPT2LMHeadModel.from_pretrained`` and ``pipeline("text-generation")`` then compute the chapter's logits and
-``predict``'s continuation (GPT-2 cannot compute ``residual: false``). ``ExportingTrainer.export`` is a subcommand
-LightningCLI adds like ``test``: ``--config`` and ``--ckpt_path last|best|PATH`` work as there.
+"""``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder, whose logits and continuations
+``transformers`` computes as the chapter's; ``ExportingTrainer.export`` is a subcommand LightningCLI adds like ``test``.
 """
 
 from __future__ import annotations

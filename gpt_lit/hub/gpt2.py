@@ -1,7 +1,5 @@
-"""GPT-2 in Hugging Face's names: the one table that ``model.init_from`` reads with and ``export`` writes with.
-
-``GPT2LMHeadModel`` computes the chapter's GPT exactly; only the names differ, and each block's projections are
-``Conv1D``, whose weight is ``nn.Linear``'s transposed (its ``c_attn`` is the chapter's ``qkv`` as it is).
+"""GPT-2 in Hugging Face's names, the one table ``model.init_from`` and ``export`` read: ``GPT2LMHeadModel`` is the
+chapter's GPT with other names, and each block's projections ``Conv1D``s, whose weight is ``nn.Linear``'s transposed.
 """
 
 from __future__ import annotations
