@@ -194,8 +194,7 @@ class TimeMachineData(L.LightningDataModule):
         )
 
     def _loader(self, ds: Dataset, batch_size: int, kind: type[DataLoader] = DataLoader, **kw) -> DataLoader:
-        # Its own generator, so making an iterator (it draws a seed for the workers) leaves the global one,
-        # which dropout uses, alone: a run resumed at an epoch boundary then draws the same dropout masks.
+        # Its own generator, leaving dropout's global one alone: a run resumed at an epoch's end draws the same masks.
         generator = torch.Generator().manual_seed(self.seed)
         if self.num_workers > 0:  # DataLoader refuses a start method without workers
             kw["multiprocessing_context"] = self.multiprocessing_context
@@ -215,8 +214,7 @@ class TimeMachineData(L.LightningDataModule):
         # Each epoch's global order is fixed by seed + epoch alone; the loader's state is where in its epoch it is.
         world, rank = self._processes()
         sampler = GlobalOrderSampler(self.train_set, world, rank, self.seed, self.batch_size)
-        # The epoch Lightning sets at the epoch's start, set now: with data.num_workers > 0 the workers draw the
-        # sampler's indices as soon as Lightning makes the iterator, which for a resumed run is before that.
+        # The epoch Lightning sets at the epoch's start, set now: workers draw the indices when the iterator is made.
         fit_loop = self.trainer.fit_loop if self.trainer else None
         sampler.set_epoch(fit_loop.epoch_progress.current.processed if fit_loop else 0)
         progress = fit_loop.epoch_loop.batch_progress if fit_loop else None

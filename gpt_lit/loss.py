@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Evaluation's tile of logits: TILE_TOKENS tokens x TILE_WORDS words, 8 MB in fp32, computed, reduced and dropped
-# while in the CPU's last-level cache; the head's TILE_WORDS rows are read once per TILE_TOKENS tokens.
+# Evaluation's tile of logits, TILE_TOKENS tokens x TILE_WORDS words (8 MB in fp32): reduced while in the CPU's cache.
 TILE_TOKENS, TILE_WORDS = 1024, 2048
 # The logits get a multiple of COLUMN_MULTIPLE columns (``_padded``): rows that start on whole cache lines.
 COLUMN_MULTIPLE = 64
@@ -77,8 +76,7 @@ def vocab_blocked_token_losses(
     each block's log-sum-exp added with ``logaddexp`` (as flash attention combines its blocks)."""
     dtype = _matmul_dtype(h)
     h_c, w_c = h.to(dtype), weight.to(dtype)
-    # Each block of words as (its first word, its number of words, its rows padded to a multiple of
-    # COLUMN_MULTIPLE); only the last block (1105 of GPT-2's words) is copied, once for all rows.
+    # Each block of words as (its first word, its number of words, its rows padded); only the last is copied, once.
     starts = range(0, len(w_c), words)
     blocks = [(start, len(w_c[start : start + words]), _padded(w_c[start : start + words])) for start in starts]
     losses = torch.empty(len(h), device=h.device)
@@ -93,8 +91,7 @@ def vocab_blocked_token_losses(
             inside = (local >= 0) & (local < n_words)
             picked = logits.gather(1, local.clamp(0, n_words - 1)[:, None]).squeeze(1)
             target_logits = torch.where(inside, picked, target_logits)
-            # The block's log sum exp, from one fused log_softmax: its largest entry is -log sum_j exp(logit_j - max)
-            # (fewer passes than max, subtract, exp and sum one after another).
+            # The block's log sum exp from one fused log_softmax, whose largest entry is -log sum_j exp(logit_j - max).
             block_lse = logits.amax(dim=1) - torch.log_softmax(logits, dim=1).amax(dim=1)  # (n,)
             log_sum_exp = torch.logaddexp(log_sum_exp, block_lse)
         losses[i : i + tokens] = log_sum_exp - target_logits

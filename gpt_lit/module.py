@@ -111,8 +111,7 @@ class GPTLightning(L.LightningModule):
             keep_freed_memory()
         if self.hparams.tf32 and device == "cuda":
             torch.set_float32_matmul_precision("high")
-        # Lightning runs prepare_data, setup, configure_model, then restores a --ckpt_path: so a resumed
-        # fine-tune continues from its checkpoint, not from the released weights.
+        # Lightning restores a --ckpt_path after setup: a resumed fine-tune continues from it, not the released weights.
         if self.hparams.init_from and not (self.pretrained_loaded or self.weights_from_checkpoint):
             folder = load_pretrained(self.model, self.hparams.init_from)
             self.pretrained_loaded = True
@@ -157,8 +156,7 @@ class GPTLightning(L.LightningModule):
             trainer = self.trainer
         except RuntimeError:  # not attached to a Trainer (the module on its own): one process, full precision
             return True
-        # It reads head.weight outside forward (a shard under FSDP), and under fp16 it would keep the softmax's
-        # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
+        # It reads head.weight outside forward (a shard under FSDP); under fp16 its small probabilities would underflow.
         return not shards_parameters(trainer) and not str(trainer.precision).startswith("16")
 
     def token_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -9,12 +9,10 @@ import torch
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig
 
-# GPTConfig's field -> GPT2Config's. qkv_bias is gpt_lit's own key: transformers keeps it in config.json and does
-# not read it (GPT-2 always has q, k, v biases; export writes zeros for a model without them).
+# GPTConfig's field -> GPT2Config's; qkv_bias is gpt_lit's own (GPT-2 has the biases; export writes zeros for none).
 CONFIG = {"vocab_size": "vocab_size", "context_length": "n_positions", "emb_dim": "n_embd", "n_layers": "n_layer",
           "n_heads": "n_head", "qkv_bias": "qkv_bias", "tie_weights": "tie_word_embeddings"}  # fmt: skip
-# GPT2Config's settings the chapter's GPT computes: the values it accepts, export writing the first (n_inner may
-# also be 4 * n_embd).
+# GPT2Config's settings the chapter's GPT computes: the values it accepts, export writing the first.
 COMPUTED = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,), "n_inner": (None,),
             "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,)}  # fmt: skip
 # The parts of a state_dict key: the chapter's module name -> GPT-2's (blocks.0.ffn.fc.weight -> h.0.mlp.c_fc.weight).
