@@ -3,7 +3,6 @@ epoch's order: ``gpt_lit.epoch_order``) and ``predict``'s prompts (``gpt_lit.pro
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 from pathlib import Path
 
@@ -35,12 +34,6 @@ class TokenWindows(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.starts[i]
         return self.ids[s : s + self.context_length], self.ids[s + 1 : s + self.context_length + 1]
-
-    def fingerprint(self) -> str:
-        """A short digest of the windows (the text's tokens, context length and stride): equal windows, equal digest."""
-        digest = hashlib.sha256(self.ids.numpy().tobytes())
-        digest.update(f"{self.context_length},{self.stride}".encode())
-        return digest.hexdigest()[:16]
 
 
 def skipped_text(train: TokenWindows, val: TokenWindows) -> str:
@@ -199,8 +192,7 @@ class TimeMachineData(L.LightningDataModule):
         return kind(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
     def check_resume(self, state: dict, source: str, world: int) -> None:
-        """Raise a GptLitError if ``state``, a checkpoint's training loader's, is of an epoch under way whose batches
-        this data on ``world`` processes would change (before anything is written)."""
+        """A GptLitError if a checkpoint's loader ``state`` is mid-epoch and this data on ``world`` processes differs."""
         self.check_inputs("fit")  # the windows, to compare them too
         check_same_batches(state, batch_settings(self, world), source)
 

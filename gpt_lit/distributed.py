@@ -11,9 +11,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 
 def shards_parameters(trainer: L.Trainer | None, skipping: str | None = None) -> bool:
-    """Whether ``trainer``'s strategy splits the parameters across processes (FSDP, DeepSpeed ZeRO-3, ModelParallel),
-    so that a parameter read outside ``forward`` is a shard; a diagnostic skipped there names itself in ``skipping``,
-    and the skip is logged in one line."""
+    """Whether ``trainer``'s strategy shards the parameters (FSDP, DeepSpeed ZeRO-3, ModelParallel): one read outside
+    ``forward`` is a shard. A diagnostic skipped there names itself in ``skipping``, for a one-line log."""
     if trainer is None:
         return False
     strategy = trainer.strategy

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -10,9 +12,8 @@ from gpt_lit.errors import GptLitError
 
 
 class GlobalOrderSampler(DistributedSampler):
-    """This process's share of each epoch's global order, ``batch_size`` windows a step, ``windows // (processes *
-    batch_size)`` steps. ``skip = (epoch, steps)``: that epoch starts after the steps a checkpoint saved mid-epoch had
-    run. A DistributedSampler, so that Lightning uses it as it is under several processes."""
+    """This process's share of each epoch's global order, ``batch_size`` windows a step; ``skip = (epoch, steps)``
+    starts that epoch after a mid-epoch checkpoint's steps. A DistributedSampler, which Lightning uses as it is."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, batch_size: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
@@ -64,8 +65,9 @@ def batch_settings(data, processes: int) -> dict:
     """What fixes an epoch's batches (``data``, a TimeMachineData, on ``processes`` processes), and its windows'."""
     settings = {key: getattr(data, key) for key in SETTINGS if key != "processes"}
     settings["processes"] = processes
-    if data.train_set is not None:
-        settings.update(windows=len(data.train_set), windows_digest=data.train_set.fingerprint())
+    if data.train_set is not None:  # the windows: a digest of the text's tokens, the context length and the stride
+        digest = hashlib.sha256(data.train_set.ids.numpy().tobytes() + f"{data.context_length},{data.stride}".encode())
+        settings.update(windows=len(data.train_set), windows_digest=digest.hexdigest()[:16])
     return settings
 
 

@@ -17,40 +17,32 @@ import torch
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
-from gpt_lit.measure import (
-    attention_entropy,
-    attention_weights,
-    lens_logits,
-    record_blocks,
-    stream_sizes,
-    token_losses,
-    write_sizes,
-)
+from gpt_lit import measure
 from gpt_lit.model import GPT
 from gpt_lit.tokenizer import get_tokenizer
 
 
 @torch.no_grad()
 def measurements(model: GPT, ids: torch.Tensor) -> dict:
-    """What the page shows of ``model`` on the token IDs ``ids`` (T,), as plain lists: ``tokens``, ``loss`` (T - 1),
-    ``top5`` (T x 5 [text, p]), ``attn`` (block, head, t: weights over 0 .. t), ``entropy`` (block, head), ``lens``
-    (block, position: [text, p]), ``stream``, ``attn_write``, ``ffn_write`` (block, position: RMS sizes)."""
+    """What the page shows of ``model`` on the token IDs ``ids`` (T,), as plain lists: ``tokens``, ``loss``, ``top5``,
+    ``attn`` (block, head, t: weights over 0 .. t), ``entropy``, ``lens``, ``stream``, ``attn_write``, ``ffn_write``."""
     idx = ids[None]  # (1, T)
-    record = record_blocks(model, idx)
-    weights = [w[0] for w in attention_weights(model, record)]  # n_layers x (n_heads, T, T)
-    lens = torch.stack([lens_logits(model, record, b)[0] for b in range(len(weights))]).softmax(-1)  # (L, T, vocab)
+    record = measure.record_blocks(model, idx)
+    weights = [w[0] for w in measure.attention_weights(model, record)]  # n_layers x (n_heads, T, T)
+    lens = torch.stack([measure.lens_logits(model, record, b)[0] for b in range(len(weights))])  # (L, T, vocab)
+    lens = lens.softmax(-1)
     top_p, top_i = lens.max(dim=-1)  # (L, T)
     top5_p, top5_i = lens[-1].topk(5, dim=-1)  # (T, 5)
-    losses = token_losses(model, idx[:, :-1], idx[:, 1:])[0] if len(ids) > 1 else torch.zeros(0)  # (T - 1,)
-    attn_write, ffn_write = write_sizes(record)
+    losses = measure.token_losses(model, idx[:, :-1], idx[:, 1:])[0] if len(ids) > 1 else torch.zeros(0)  # (T - 1,)
+    attn_write, ffn_write = measure.write_sizes(record)
     return {
         "tokens": [token_text(i) for i in ids.tolist()],
         "loss": rounded(losses),
         "top5": [predictions(i, p) for i, p in zip(top5_i, top5_p, strict=True)],
         "attn": [[[rounded(row[: t + 1]) for t, row in enumerate(head)] for head in w] for w in weights],
-        "entropy": [rounded(attention_entropy(w).mean(-1)) for w in weights],
+        "entropy": [rounded(measure.attention_entropy(w).mean(-1)) for w in weights],
         "lens": [predictions(i, p) for i, p in zip(top_i, top_p, strict=True)],
-        "stream": rounded(stream_sizes(record)[:, 0]),
+        "stream": rounded(measure.stream_sizes(record)[:, 0]),
         "attn_write": rounded(attn_write[:, 0]),
         "ffn_write": rounded(ffn_write[:, 0]),
     }
