@@ -192,7 +192,7 @@ class TimeMachineData(L.LightningDataModule):
         return kind(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
     def check_resume(self, state: dict, source: str, world: int) -> None:
-        """A GptLitError if a checkpoint's loader ``state`` is mid-epoch and this data on ``world`` processes differs."""
+        """A GptLitError if a checkpoint's loader ``state`` is mid-epoch and the data on ``world`` processes differs."""
         self.check_inputs("fit")  # the windows, to compare them too
         check_same_batches(state, batch_settings(self, world), source)
 
