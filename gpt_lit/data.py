@@ -84,7 +84,7 @@ class TimeMachineData(L.LightningDataModule):
             eval_train: Also evaluate the whole training set after every epoch, as the chapter's figure (loss/train).
             seed: Seed of the training shuffle; epoch e uses seed + e, so resumed runs see the same order.
             num_workers: DataLoader worker processes (0: load in the main process; the data is tiny).
-            multiprocessing_context: How the workers start: "spawn", "fork" or "forkserver"; None: the platform's.
+            multiprocessing_context: How workers (num_workers > 0) start: "spawn", "fork", "forkserver"; None: the OS's.
             prompts: Texts for ``predict`` to continue.
             prompts_file: A text file of prompts for ``predict``, one per line (blank lines skipped).
         """
