@@ -68,7 +68,8 @@ class GPTLightning(L.LightningModule):
             config: The model's sizes; context_length and vocab_size are linked from the data.
             lr: AdamW learning rate.
             weight_decay: AdamW weight decay, on every parameter.
-            compile: Run the model through ``torch.compile`` (slower start, faster steps; other dropout masks).
+            compile: Run the model through ``torch.compile`` (slower start, faster steps). Compiled code draws its
+                dropout masks its own way: other training steps with dropout above 0; with dropout 0 the same.
             fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``): the same losses,
                 fewer passes over the logits in training, evaluation in tiles of 1024 tokens x 2048 words of logits.
                 Not used under fp16 precision or a strategy that shards the parameters (FSDP).
