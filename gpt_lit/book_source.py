@@ -1,6 +1,4 @@
-"""Where the book comes from: the copy that ships with gpt_lit, or another one (downloaded when missing), read
-and stripped of Project Gutenberg's header and licence.
-"""
+"""The book: the copy that ships with gpt_lit, or another (downloaded when missing), stripped of Gutenberg's header."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ from gpt_lit.errors import GptLitError, say
 BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
 BOOK_FILE = "pg35.txt"
 DATA_DIR_ENV = "GPT_LIT_DATA_DIR"
-# The copy every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends). It ships
-# with the package, Gutenberg's licence inside it, so nothing needs the network.
+# The shipped copy, which every number in the README comes from (Project Gutenberg's 2021 edition, CRLF line ends).
 BOOK_SHA256 = "7fb3a97247192d3ddbe13be43d0359d8395db73b884f395c4b5f15f6931acba2"
 SHIPPED_BOOK_DIR = Path(__file__).resolve().parent / "book"
 
@@ -27,26 +24,12 @@ def default_data_dir() -> str:
     return os.environ.get(DATA_DIR_ENV) or str(SHIPPED_BOOK_DIR)
 
 
-def check_edition(path: Path, raw: bytes) -> bool:
-    """True if ``raw`` is the shipped edition; else print one ``warning:`` line (from process 0) and return False."""
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest == BOOK_SHA256:
-        return True
-    say(
-        "warning",
-        f"{path} is another copy of The Time Machine than the one the README's numbers come from (sha256 "
-        f"{digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses will differ; "
-        f"leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
-    )
-    return False
-
-
-def download_book(path: Path, url: str = BOOK_URL, timeout: float = 30.0) -> None:
+def download_book(path: Path) -> None:
     """Fetch the book into ``path`` atomically: a temporary file in the same folder, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(BOOK_URL, timeout=30.0) as response:
             out.write(response.read())
         os.replace(tmp, path)
     except BaseException:
@@ -76,7 +59,7 @@ def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
         reason = "downloading is switched off (data.download: false)"
         if download:
             try:
-                download_book(path, BOOK_URL)
+                download_book(path)
             except (OSError, urllib.error.URLError) as e:
                 reason = f"downloading {BOOK_URL} failed ({getattr(e, 'reason', e)})"
         if not path.is_file():
@@ -88,10 +71,7 @@ def ensure_book(data_dir: str | os.PathLike, download: bool = True) -> Path:
 
 
 def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
-    """Read ``pg35.txt`` from ``data_dir`` (downloading it there first if missing) and return the story.
-
-    A copy that is not byte for byte the shipped one is used all the same, after a one-line warning.
-    """
+    """The story in ``data_dir``'s ``pg35.txt`` (downloaded first if missing); another copy after a one-line warning."""
     path = ensure_book(data_dir, download)
     try:
         data = path.read_bytes()
@@ -103,5 +83,12 @@ def load_book(data_dir: str | os.PathLike, download: bool = True) -> str:
     if not raw.strip():
         raise GptLitError(f"{path} is empty; delete it to download the book again, or replace it with {BOOK_URL}")
     text = strip_gutenberg(raw, source=str(path))
-    check_edition(path, data)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != BOOK_SHA256:  # used all the same, after one line
+        say(
+            "warning",
+            f"{path} is another copy of The Time Machine than the one the README's numbers come from (sha256 "
+            f"{digest[:16]}..., not {BOOK_SHA256[:16]}...): token counts, the unigram floor and the losses will "
+            f"differ; leave data.data_dir and ${DATA_DIR_ENV} unset to use the copy gpt_lit ships",
+        )
     return text

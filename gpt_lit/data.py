@@ -1,9 +1,5 @@
-"""The Time Machine as a LightningDataModule: the book split into training and validation windows, their loaders
-(each epoch's seeded global order, which a run resumed mid-epoch goes on with) and the prompts ``predict`` continues.
-
-The book itself comes from ``gpt_lit.book_source``, the windows from ``gpt_lit.windows``, their order from
-``gpt_lit.epoch_order``, the prompts from ``gpt_lit.prompts``.
-"""
+"""The Time Machine as a LightningDataModule: the book cut into training and validation windows, their loaders (each
+epoch's order: ``gpt_lit.epoch_order``) and ``predict``'s prompts (``gpt_lit.prompts``)."""
 
 from __future__ import annotations
 
@@ -21,9 +17,36 @@ from gpt_lit.errors import GptLitError, say
 from gpt_lit.measure import unigram_entropy
 from gpt_lit.prompts import Prompts, read_prompts
 from gpt_lit.tokenizer import encode, get_tokenizer
-from gpt_lit.windows import TokenWindows, skipped_text
 
 __all__ = ["TimeMachineData"]
+
+
+class TokenWindows(Dataset):
+    """Windows of ``context_length`` tokens every ``stride`` tokens; the target is the input shifted by one."""
+
+    def __init__(self, ids: torch.Tensor, context_length: int, stride: int):
+        self.ids, self.context_length, self.stride = ids, context_length, stride
+        self.starts = list(range(0, len(ids) - context_length, stride))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.starts[i]
+        return self.ids[s : s + self.context_length], self.ids[s + 1 : s + self.context_length + 1]
+
+
+def skipped_text(train: TokenWindows, val: TokenWindows) -> str:
+    """One sentence: how much of the training and validation text no window's input holds (a stride > context)."""
+    parts = []
+    for name, windows in (("training", train), ("validation", val)):
+        total = len(windows.ids)
+        skipped = total - len(windows) * windows.context_length  # windows that do not overlap
+        parts.append(f"{skipped:,} of the {total:,} {name} tokens ({skipped / total:.0%})")
+    return (
+        f"data.stride={train.stride} is longer than data.context_length={train.context_length}: the windows skip "
+        f"{parts[0]} and {parts[1]}; leave data.stride unset (null) for windows that cover the text"
+    )
 
 
 class TimeMachineData(L.LightningDataModule):
@@ -47,27 +70,21 @@ class TimeMachineData(L.LightningDataModule):
         """H. G. Wells' The Time Machine (Project Gutenberg eBook #35), tokenized with GPT-2's BPE.
 
         Args:
-            data_dir: Folder holding another copy of pg35.txt, exactly as Gutenberg serves it (downloaded
-                there from gutenberg.org if missing; a copy other than the shipped one gets a warning).
-                Default: $GPT_LIT_DATA_DIR when set, else the book that ships with gpt_lit (no network).
-            tokenizer: The BPE tokenizer; only GPT-2's ("gpt2") ships. Its vocabulary size becomes
-                model.config.vocab_size (linked).
+            data_dir: Folder holding another copy of pg35.txt as Gutenberg serves it (downloaded there if missing;
+                another copy than the shipped one gets a warning). Default: $GPT_LIT_DATA_DIR, else the shipped book.
+            tokenizer: The BPE tokenizer; only GPT-2's ("gpt2") ships (its vocabulary size: model.config.vocab_size).
             download: Download the book when it is not in data_dir (never needed for the shipped copy).
             context_length: Tokens per training window; also the model's context_length (linked).
-            stride: Tokens between the starts of consecutive windows. None (the default): context_length, the
-                chapter's windows that follow one another without overlap, at any context length. Shorter
-                makes windows that overlap; longer leaves text out (said in one line, with how much).
-            train_fraction: Fraction of the book's characters, from the start, used for training; the
-                rest is the validation (and test) set.
-            batch_size: Training windows per step, on each process (a run resumed mid-epoch keeps the
-                checkpoint's until that epoch ends, as it keeps the number of processes and the order).
+            stride: Tokens between the starts of consecutive windows; None: context_length, the chapter's windows
+                without overlap. Shorter makes windows overlap; longer leaves text out (said in one line).
+            train_fraction: Fraction of the book's characters, from the start, for training; the rest validates.
+            batch_size: Training windows per step, on each process (a run resumed mid-epoch keeps the checkpoint's
+                until that epoch ends).
             eval_batch_size: Windows per batch when evaluating the whole training and validation sets.
-            eval_train: Also evaluate the whole training set (without dropout) after every epoch, as the
-                chapter's figure does; logged as loss/train.
+            eval_train: Also evaluate the whole training set after every epoch, as the chapter's figure (loss/train).
             seed: Seed of the training shuffle; epoch e uses seed + e, so resumed runs see the same order.
             num_workers: DataLoader worker processes (0: load in the main process; the data is tiny).
-            multiprocessing_context: How the workers start: "spawn" (macOS's and Windows' default), "fork"
-                (Linux's default) or "forkserver"; None: the platform's default. Only with num_workers > 0.
+            multiprocessing_context: How workers (num_workers > 0) start: "spawn", "fork", "forkserver"; None: the OS's.
             prompts: Texts for ``predict`` to continue.
             prompts_file: A text file of prompts for ``predict``, one per line (blank lines skipped).
         """
@@ -106,11 +123,8 @@ class TimeMachineData(L.LightningDataModule):
             ensure_book(self.data_dir, self.download)  # downloads once, on one process; setup() reads it
 
     def check_inputs(self, stage: str | None, world: int | None = None) -> None:
-        """Read and check what ``stage`` reads of the data: predict's prompts; the book's windows for fit, validate
-        and test (a book still to be downloaded is left to prepare_data, which downloads it on one process). With
-        ``world``, the number of processes, also that each gets a prompt, or for fit a full training batch. The CLI
-        calls it before the Trainer is built, and with its processes before it runs (its logger writes as it
-        starts). A mistake is a GptLitError."""
+        """Read and check what ``stage`` reads (the prompts, or the book's windows unless still to be downloaded), and
+        with ``world`` processes that each gets a prompt or a full batch; a mistake is a GptLitError (for the CLI)."""
         if stage == "predict":
             prompts = self.prompt_set()
             if world is not None and len(prompts) < world:
@@ -154,8 +168,7 @@ class TimeMachineData(L.LightningDataModule):
             say("note", skipped_text(self.train_set, self.val_set))
 
     def check_full_batches(self, world: int | None = None) -> None:
-        """Raise a GptLitError unless each of ``world`` processes (default: the Trainer's) gets at least one full
-        training batch an epoch."""
+        """A GptLitError unless each of ``world`` processes (default: the Trainer's) gets a full training batch."""
         world = world or self._processes()[0]
         windows, each = len(self.train_set), len(self.train_set) // world
         if each >= self.batch_size:
@@ -172,16 +185,14 @@ class TimeMachineData(L.LightningDataModule):
         )
 
     def _loader(self, ds: Dataset, batch_size: int, kind: type[DataLoader] = DataLoader, **kw) -> DataLoader:
-        # Its own generator, so making an iterator (it draws a seed for the workers) leaves the global one,
-        # which dropout uses, alone: a run resumed at an epoch boundary then draws the same dropout masks.
+        # Its own generator, leaving dropout's global one alone: a run resumed at an epoch's end draws the same masks.
         generator = torch.Generator().manual_seed(self.seed)
         if self.num_workers > 0:  # DataLoader refuses a start method without workers
             kw["multiprocessing_context"] = self.multiprocessing_context
         return kind(ds, batch_size=batch_size, num_workers=self.num_workers, generator=generator, **kw)
 
     def check_resume(self, state: dict, source: str, world: int) -> None:
-        """Raise a GptLitError if ``state``, the training loader's in a checkpoint, is of an epoch under way whose
-        batches this data on ``world`` processes would change (``check_same_batches``): before anything is written."""
+        """A GptLitError if a checkpoint's loader ``state`` is mid-epoch and the data on ``world`` processes differs."""
         self.check_inputs("fit")  # the windows, to compare them too
         check_same_batches(state, batch_settings(self, world), source)
 
@@ -190,12 +201,10 @@ class TimeMachineData(L.LightningDataModule):
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
 
     def train_dataloader(self) -> DataLoader:
-        # Each epoch's global order is fixed by seed + epoch alone, whatever the batch size and the number of
-        # processes; the loader's state (TrainLoader) is where in its epoch a checkpoint was saved.
+        # Each epoch's global order is fixed by seed + epoch alone; the loader's state is where in its epoch it is.
         world, rank = self._processes()
         sampler = GlobalOrderSampler(self.train_set, world, rank, self.seed, self.batch_size)
-        # The epoch Lightning sets at the epoch's start, set now: with data.num_workers > 0 the workers draw the
-        # sampler's indices as soon as Lightning makes the iterator, which for a resumed run is before that.
+        # The epoch Lightning sets at the epoch's start, set now: workers draw the indices when the iterator is made.
         fit_loop = self.trainer.fit_loop if self.trainer else None
         sampler.set_epoch(fit_loop.epoch_progress.current.processed if fit_loop else 0)
         progress = fit_loop.epoch_loop.batch_progress if fit_loop else None
@@ -204,8 +213,7 @@ class TimeMachineData(L.LightningDataModule):
 
     def _eval_loader(self, ds: Dataset, batch_size: int) -> DataLoader:
         # Every window exactly once across processes, in order: process r of n takes windows r, r+n, r+2n, ...
-        # Lightning's default for evaluation (a DistributedSampler) pads the shares to equal length by
-        # repeating windows, which would count some twice in the whole-set losses.
+        # (Lightning's default, a DistributedSampler, repeats windows to pad the shares, counting some twice).
         world, rank = self._processes()
         sampler = UnrepeatedDistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False) if world > 1 else None
         return self._loader(ds, batch_size, sampler=sampler)

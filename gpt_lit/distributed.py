@@ -11,13 +11,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 
 def shards_parameters(trainer: L.Trainer | None, skipping: str | None = None) -> bool:
-    """Whether ``trainer``'s strategy splits the parameters across processes (FSDP, DeepSpeed ZeRO-3, ModelParallel).
-
-    Under such a strategy a parameter read outside the model's ``forward`` (the fused head + loss reads
-    ``head.weight``; the diagnostics read the blocks' weights and gradients) is this process's shard, or empty.
-    A diagnostic that runs the model on its own, and so is skipped there, names itself in ``skipping``: the skip
-    is then logged in one line.
-    """
+    """Whether ``trainer``'s strategy shards the parameters (FSDP, DeepSpeed ZeRO-3, ModelParallel): one read outside
+    ``forward`` is a shard. A diagnostic skipped there names itself in ``skipping``, for a one-line log."""
     if trainer is None:
         return False
     strategy = trainer.strategy

@@ -1,12 +1,9 @@
-"""The order each epoch takes the training windows in, and the training loader that Lightning resumes mid-epoch.
-
-Each epoch has one global order of the training windows, a permutation fixed by ``seed + epoch`` alone. A training
-step takes the next ``processes * batch_size`` windows of it: process r gets the positions r, r + n, r + 2n, ... of
-that slice (n processes). A checkpoint keeps the loader's state, how many steps of its epoch had run; a run resumed
-from it mid-epoch goes on with the next step's windows, in the batches and the order it was saved with.
-"""
+"""The order each epoch takes the training windows in (a permutation fixed by ``seed + epoch``, a step taking its next
+``processes * batch_size``), and the training loader whose state Lightning saves and resumes mid-epoch from."""
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -14,21 +11,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from gpt_lit.errors import GptLitError
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The global order of ``n`` windows in ``epoch``: the permutation DistributedSampler draws for seed + epoch."""
-    generator = torch.Generator()
-    generator.manual_seed(seed + epoch)
-    return torch.randperm(n, generator=generator).tolist()
-
-
 class GlobalOrderSampler(DistributedSampler):
-    """This process's share of each epoch's global order, ``batch_size`` windows a step.
-
-    Every epoch has ``windows // (processes * batch_size)`` steps (a last, partial step is dropped, as
-    ``drop_last``), and ``len()`` is that many batches. ``skip = (epoch, steps)``: that epoch starts after its first
-    ``steps`` steps (those a checkpoint saved mid-epoch had trained on), which Lightning, restoring its batch
-    counters, counts as done. A DistributedSampler, so that Lightning uses it as it is under several processes.
-    """
+    """This process's share of each epoch's global order, ``batch_size`` windows a step; ``skip = (epoch, steps)``
+    starts that epoch after a mid-epoch checkpoint's steps. A DistributedSampler, which Lightning uses as it is."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, batch_size: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
@@ -38,7 +23,8 @@ class GlobalOrderSampler(DistributedSampler):
 
     def __iter__(self):
         begin = self.skip[1] * self.per_step if self.skip[0] == self.epoch else 0
-        order = epoch_order(len(self.dataset), self.seed, self.epoch)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)  # DistributedSampler's permutation
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()  # the epoch's global order
         return iter([order[p] for p in range(begin + self.rank, self.steps * self.per_step, self.num_replicas)])
 
     def __len__(self) -> int:
@@ -46,10 +32,8 @@ class GlobalOrderSampler(DistributedSampler):
 
 
 class TrainLoader(DataLoader):
-    """The training DataLoader with a state (torch's DataLoader has none), which Lightning's fit loop saves in each
-    checkpoint and, resuming mid-epoch, loads before it draws a batch: how many steps of the sampler's epoch had run
-    (Lightning's count, read from ``progress``, its batch progress) and ``settings``, what fixes the epoch's batches.
-    """
+    """The training DataLoader with a state, which Lightning's fit loop saves in each checkpoint and loads on a resume:
+    how many steps of the sampler's epoch had run (read from Lightning's batch ``progress``) and the ``settings``."""
 
     def __init__(self, *args, progress=None, settings: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -58,8 +42,7 @@ class TrainLoader(DataLoader):
     def state_dict(self) -> dict:
         if not isinstance(self.sampler, GlobalOrderSampler):  # trainer.overfit_batches puts Lightning's own in
             return {}
-        # ``processed``: the batches whose step has run (a checkpoint saved in on_train_batch_end is saved before
-        # Lightning counts its batch as completed, one saved in on_train_batch_start after it counts the next ready).
+        # ``processed``: the batches whose step has run, wherever in a batch the checkpoint is saved.
         steps, done = (self.progress.current.processed, self.progress.is_last_batch) if self.progress else (0, False)
         return {"epoch": self.sampler.epoch, "steps": steps, "epoch_done": done, **self.settings}
 
@@ -79,18 +62,17 @@ SETTINGS = {"seed": "data.seed", "context_length": "data.context_length", "strid
 
 
 def batch_settings(data, processes: int) -> dict:
-    """What fixes an epoch's batches (``data``: a TimeMachineData on ``processes`` processes), as a checkpoint keeps
-    it; the windows themselves once ``data`` has them."""
+    """What fixes an epoch's batches (``data``, a TimeMachineData, on ``processes`` processes), and its windows'."""
     settings = {key: getattr(data, key) for key in SETTINGS if key != "processes"}
     settings["processes"] = processes
-    if data.train_set is not None:
-        settings.update(windows=len(data.train_set), windows_digest=data.train_set.fingerprint())
+    if data.train_set is not None:  # the windows: a digest of the text's tokens, the context length and the stride
+        digest = hashlib.sha256(data.train_set.ids.numpy().tobytes() + f"{data.context_length},{data.stride}".encode())
+        settings.update(windows=len(data.train_set), windows_digest=digest.hexdigest()[:16])
     return settings
 
 
 def check_same_batches(saved: dict, now: dict, source: str) -> None:
-    """Raise a GptLitError if a training loader's state ``saved`` is of an epoch under way whose batches ``now``
-    (``batch_settings``) would change; the windows are compared when ``now`` has them."""
+    """A GptLitError if the loader's state ``saved`` is of an epoch under way whose batches ``now`` would change."""
     if not saved or saved["epoch_done"] or not saved["steps"]:
         return
     changed = [f"{name} {saved[key]} (now {now[key]})" for key, name in SETTINGS.items() if saved[key] != now[key]]

@@ -1,13 +1,6 @@
-"""The output head's cross-entropy, -log softmax(h W^T)[t] for each token: ``token_losses`` is the one function the
-training loss, the whole-set evaluation and the logit lens go through.
-
-It takes one of two ways, the same numbers to float rounding (``tests/test_bench.py`` checks both against
-``F.cross_entropy``): with gradients (training), fused, where one softmax gives each loss and its gradient
-(``_HeadCrossEntropy``); without (evaluation, the lens), in tiles of logits that stay in the CPU's caches
-(``vocab_blocked_token_losses``), so a batch's whole logits are never held. Given the logits instead of the head's
-weight (where the head has to run inside the model's forward), it is the plain log-softmax. ``head_cross_entropy``
-is the mean, the training loss. Under autocast the head's matmul runs in the autocast dtype (bf16-mixed: bf16) and
-the softmax in fp32, as ``F.linear`` followed by ``.float()`` would.
+"""The output head's cross-entropy, -log softmax(h W^T)[t] for each token: ``token_losses``, the one function of the
+training loss, the whole-set evaluation and the logit lens. Under autocast the head's matmul runs in the autocast
+dtype and the softmax in fp32, as ``F.linear`` then ``.float()``.
 """
 
 from __future__ import annotations
@@ -15,18 +8,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Evaluation's tile of logits: TILE_TOKENS tokens x TILE_WORDS words, 8 MB in fp32, computed, reduced and dropped
-# while in the CPU's last-level cache; the head's TILE_WORDS rows are read once per TILE_TOKENS tokens.
+# Evaluation's tile of logits, TILE_TOKENS tokens x TILE_WORDS words (8 MB in fp32): reduced while in the CPU's cache.
 TILE_TOKENS, TILE_WORDS = 1024, 2048
 # The logits get a multiple of COLUMN_MULTIPLE columns (``_padded``): rows that start on whole cache lines.
 COLUMN_MULTIPLE = 64
 
 
 def token_losses(h: torch.Tensor, weight: torch.Tensor | None, targets: torch.Tensor) -> torch.Tensor:
-    """Each token's cross-entropy -log softmax(h W^T)[t]: (N, C) final hidden states (after the final norm), the
-    (V, C) head's weight and (N,) targets -> (N,). Fused when a gradient is wanted, in tiles otherwise.
-
-    ``weight=None``: ``h`` holds the (N, V) logits already, and the loss is ``F.cross_entropy``'s, in fp32.
+    """Each token's -log softmax(h W^T)[t]: (N, C) normed hidden states, the (V, C) head's weight, (N,) targets -> (N,);
+    fused with gradients, in tiles without. ``weight=None``: ``h`` is the (N, V) logits, and it is ``F.cross_entropy``.
     """
     if weight is None:
         return F.cross_entropy(h.float(), targets, reduction="none")
@@ -35,19 +25,10 @@ def token_losses(h: torch.Tensor, weight: torch.Tensor | None, targets: torch.Te
     return vocab_blocked_token_losses(h, weight, targets)
 
 
-def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The mean of ``token_losses``: ``F.cross_entropy(F.linear(h, weight), targets)`` to float rounding."""
-    return token_losses(h, weight, targets).mean()
-
-
 class _HeadCrossEntropy(torch.autograd.Function):
-    """Output head and cross-entropy in one step, for training: -log softmax(h_i W^T)[t_i] for each row i.
-
-    The same numbers as ``F.cross_entropy(F.linear(h, W), t, reduction="none")``, with fewer passes over the
-    (tokens x vocab_size) logits, the largest tensors of the step (411 MB at 16 x 128 tokens). One softmax gives
-    both the loss, -log p_i[t_i], and its gradient, softmax - one_hot(t). Autograd instead runs log_softmax,
-    then a zero-fill, a scatter and log_softmax's backward (two exps).
-    """
+    """Output head and cross-entropy in one step, for training: -log softmax(h_i W^T)[t_i] for each row i, as
+    ``F.cross_entropy(F.linear(h, W), t, reduction="none")`` with fewer passes over the logits: one softmax gives both
+    the loss, -log p_i[t_i], and its gradient, softmax - one_hot(t)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype):
@@ -72,14 +53,8 @@ class _HeadCrossEntropy(torch.autograd.Function):
 
 
 def _losses_from_softmax(logits: torch.Tensor, probs: torch.Tensor, targets: torch.Tensor, host_check: bool):
-    """-log softmax(logits)[t] per row, from the softmax already made: (N, V), (N, V), (N,) -> (N,).
-
-    With ``host_check`` (on CPU, where it is free): -log p[t], exact to float rounding while p[t] is a normal
-    float; a row whose target probability is below 1e-30 (a loss above 69 nats, which float32 cannot resolve
-    from the softmax) gets its loss from logsumexp instead. Without (on a GPU, where that check would make
-    the host wait for the device each step): the log-sum-exp from the row maxima, two more passes over the
-    logits and no wait: log sum_j exp(x_j) = max_j x_j - log max_j p_j (the top probability never underflows).
-    """
+    """-log softmax(logits)[t] per row from the softmax made: with ``host_check`` (CPU) -log p[t], or logsumexp where
+    p[t] < 1e-30; without (GPU: no wait for the host), log sum_j exp(x_j) = max_j x_j - log max_j p_j."""
     t = targets[:, None]
     if not host_check:
         log_sum_exp = logits.amax(dim=-1) - probs.amax(dim=-1).log()
@@ -97,18 +72,11 @@ def _losses_from_softmax(logits: torch.Tensor, probs: torch.Tensor, targets: tor
 def vocab_blocked_token_losses(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, tokens: int = TILE_TOKENS, words: int = TILE_WORDS
 ) -> torch.Tensor:
-    """``token_losses`` without gradients: (N, C), (V, C), (N,) -> (N,), ``tokens`` rows at a time, and for each,
-    the vocabulary ``words`` columns at a time.
-
-    log sum_j exp(logit_j) is accumulated over the blocks of words (each block's own log-sum-exp, added with
-    ``logaddexp``, as flash attention's softmax combines its blocks), and the target's logit is read from its
-    block. One tile of logits (``tokens`` x ``words``) stays in the CPU's caches, where a whole row of 50,257
-    logits, read and written several times by a log_softmax, goes to memory and back.
-    """
+    """``token_losses`` without gradients, in tiles of ``tokens`` rows x ``words`` words that stay in the CPU's caches,
+    each block's log-sum-exp added with ``logaddexp`` (as flash attention combines its blocks)."""
     dtype = _matmul_dtype(h)
     h_c, w_c = h.to(dtype), weight.to(dtype)
-    # Each block of words as (its first word, its number of words, its rows padded to a multiple of
-    # COLUMN_MULTIPLE); only the last block (1105 of GPT-2's words) is copied, once for all rows.
+    # Each block of words as (its first word, its number of words, its rows padded); only the last is copied, once.
     starts = range(0, len(w_c), words)
     blocks = [(start, len(w_c[start : start + words]), _padded(w_c[start : start + words])) for start in starts]
     losses = torch.empty(len(h), device=h.device)
@@ -123,8 +91,7 @@ def vocab_blocked_token_losses(
             inside = (local >= 0) & (local < n_words)
             picked = logits.gather(1, local.clamp(0, n_words - 1)[:, None]).squeeze(1)
             target_logits = torch.where(inside, picked, target_logits)
-            # The block's log sum exp, from one fused log_softmax: its largest entry is -log sum_j exp(logit_j - max)
-            # (fewer passes than max, subtract, exp and sum one after another).
+            # The block's log sum exp from one fused log_softmax, whose largest entry is -log sum_j exp(logit_j - max).
             block_lse = logits.amax(dim=1) - torch.log_softmax(logits, dim=1).amax(dim=1)  # (n,)
             log_sum_exp = torch.logaddexp(log_sum_exp, block_lse)
         losses[i : i + tokens] = log_sum_exp - target_logits
@@ -132,12 +99,9 @@ def vocab_blocked_token_losses(
 
 
 def _padded(weight: torch.Tensor) -> torch.Tensor:
-    """The head's (V, C) weight with zero rows added up to a multiple of COLUMN_MULTIPLE rows (50,257 -> 50,304).
-
-    With an odd number of columns, the (N x V) logits' rows start at addresses the matmul kernels cannot store to
-    in whole vector registers, and the product runs slower than with 50,264 or 50,304 columns (docs/performance.md).
-    The extra words get logits of -inf, so the softmax, the loss and both gradients have the same values, bit for
-    bit in the runs measured. One copy of the weight a step (51 MB for GPT-2's vocabulary at C = 256)."""
+    """The head's (V, C) weight with zero rows up to a multiple of COLUMN_MULTIPLE rows (50,257 -> 50,304): logits'
+    rows that start on whole cache lines make the matmul faster (docs/performance.md); their -inf logits change
+    nothing."""
     extra = -len(weight) % COLUMN_MULTIPLE
     return torch.cat([weight, weight.new_zeros(extra, weight.shape[1])]) if extra else weight
 

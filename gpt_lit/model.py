@@ -1,13 +1,8 @@
-"""The chapter's GPT, in one file: "4 — The transformer block".
+"""The chapter's GPT, in one file: "4 — The transformer block", in plain PyTorch, to read next to the book.
 
-The classes come in the chapter's order (GPTConfig, LayerNorm, GELU, FeedForward, CausalSelfAttention,
-Block, GPT) with the chapter's names, fields and defaults, followed by ``count_params`` and ``generate``.
-Two additions for the diagnostics: ``CausalSelfAttention.weights`` writes out the attention weights its forward
-mixes the values with, and ``GPT.hidden_states`` gives the residual stream before the final norm.
-Plain PyTorch only: no Lightning in here, so the file reads next to the book.
-
-Modules are created in the chapter's order and initialised by ``self.apply(GPT._init)`` afterwards, so
-``torch.manual_seed(123); GPT(GPTConfig())`` gives the very weights the chapter prints from.
+The chapter's classes in its order, names, fields and defaults, then ``count_params`` and ``generate``; created in
+that order and initialised afterwards, so ``torch.manual_seed(123); GPT(GPTConfig())`` gives the chapter's weights.
+For the diagnostics: ``CausalSelfAttention.weights`` and ``GPT.hidden_states`` (the stream before the final norm).
 """
 
 from __future__ import annotations
@@ -61,12 +56,8 @@ class GPTConfig:
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm(x)_i = gamma_i * (x_i - mean) / sqrt(var + eps) + beta_i, over the last dimension.
-
-    The chapter writes it out as ``weight * (x - mean) / sqrt(var + eps) + bias`` with the biased variance
-    (``unbiased=False``); ``F.layer_norm`` computes exactly that in one fused kernel, so it is used here
-    (tests check the two agree on the chapter's example).
-    """
+    """LayerNorm(x)_i = gamma_i * (x_i - mean) / sqrt(var + eps) + beta_i over the last dimension, the biased variance:
+    the chapter's written-out form, which ``F.layer_norm`` computes in one fused kernel (tests check they agree)."""
 
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
@@ -79,11 +70,7 @@ class LayerNorm(nn.Module):
 
 
 class GELU(nn.Module):
-    """GELU, GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-
-    ``F.gelu(approximate="tanh")`` is that formula in one fused kernel (tests check it against the
-    written-out form).
-    """
+    """GELU, GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), ``F.gelu``'s fused kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
@@ -103,16 +90,10 @@ class FeedForward(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Chapter 3's causal multi-head attention.
-
-    One fused ``qkv`` projection whose output is q, k, v as three consecutive emb_dim slices, each split
-    into heads of head_dim consecutive numbers (GPT-2's layout); scores scaled by 1/sqrt(head_dim), the
-    causal mask, softmax, dropout on the attention weights, then the output projection ``proj``.
-    ``forward`` leaves score-mask-softmax-dropout-weighted-sum to PyTorch's fused attention (SDPA), which never
-    holds the (T x T) weights; ``weights`` writes them out, on request (tests check the two agree).
-    emb_dim must be divisible by n_heads (``GPTConfig`` checks). ``context_length`` is in chapter 3's signature, where
-    it sizes the mask; ``is_causal`` makes the mask here, of any length.
-    """
+    """Chapter 3's causal multi-head attention: one fused ``qkv`` projection (q, k, v side by side, heads of head_dim
+    consecutive numbers, GPT-2's layout), scores scaled by 1/sqrt(head_dim), the causal mask, softmax, dropout,
+    then ``proj``. ``forward`` runs it as PyTorch's fused attention (SDPA); ``weights`` writes the weights out.
+    ``context_length`` is in chapter 3's signature, where it sizes the mask; ``is_causal`` makes it here."""
 
     def __init__(self, d_in: int, n_heads: int, context_length: int, dropout: float, qkv_bias: bool = True):
         super().__init__()
@@ -137,12 +118,8 @@ class CausalSelfAttention(nn.Module):
 
     @torch.no_grad()
     def weights(self, x: torch.Tensor) -> torch.Tensor:
-        """The attention weights softmax(Q K^T / sqrt(head_dim) + mask) of each head, written out (for the diagnostics).
-
-        x: (B, T, emb_dim), the attention's input. Returns (B, n_heads, T, T) in fp32: row t is how position t
-        spreads its attention over positions 0 .. t (the mask puts -inf above the diagonal). Without dropout,
-        ``proj`` of these weights times the values is ``forward``'s output.
-        """
+        """Each head's weights softmax(Q K^T / sqrt(head_dim) + mask), written out: (B, T, emb_dim) -> (B, n_heads, T,
+        T) in fp32, row t spread over positions 0 .. t. Without dropout, ``proj`` of them times V is ``forward``."""
         T = x.shape[1]
         q, k, _ = self.heads(x)  # (B, n_heads, T, head_dim) each
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, n_heads, T, T)
@@ -151,10 +128,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)), then x + ffn(norm2(x)).
-
-    With ``cfg.residual=False`` it is the chapter's plain stack: x = attn(norm1(x)); x = ffn(norm2(x)).
-    """
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + ffn(norm2(x)); without ``residual``, the plain stack."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -228,14 +202,8 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Append ``max_new_tokens`` tokens to ``idx`` (B, T), feeding at most the last context_length tokens.
-
-    ``temperature=0`` (the default) is the chapter's greedy decoding: argmax of the last position's logits.
-    A positive temperature samples from softmax(logits / temperature), optionally restricted to the ``top_k``
-    highest-scoring tokens. Each step runs the whole window through the blocks again (no cache, as in the
-    chapter); the head runs on the last position alone, the only one that predicts a new token (the chapter's
-    ``model(idx)[:, -1, :]``, to float rounding, without the head's product over every other position).
-    """
+    """Append ``max_new_tokens`` tokens to ``idx`` (B, T), feeding at most the last context_length tokens: greedy (the
+    chapter's) at ``temperature=0``, else sampled from softmax(logits / temperature), from the ``top_k`` likeliest."""
     model.eval()
     for _ in range(max_new_tokens):
         h = model.hidden_states(idx[:, -model.cfg.context_length :])[:, -1]  # (B, emb_dim): the last position's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
-from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.errors import GptLitError
 from gpt_lit.hub.pretrained import fetch, load_pretrained
@@ -21,6 +22,19 @@ from gpt_lit.inspect_page import write_page
 from gpt_lit.loss import token_losses
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.tokenizer import get_tokenizer
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed memory in the process (glibc's malloc): without it, every allocation above 32 MB is a fresh ``mmap``,
+    unmapped when freed, so each step page-faults and zero-fills its logits again. False where it does not apply."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    except (OSError, AttributeError):
+        return False
 
 
 class MeanPerplexity(MeanMetric):
@@ -50,52 +64,31 @@ class GPTLightning(L.LightningModule):
     ):
         """The chapter's GPT trained for next-token prediction with cross-entropy and AdamW.
 
-        Speed options (none changes the fp32 numbers beyond float rounding, except ``tf32``, and ``compile``
-        with dropout: other dropout masks). Mixed
-        precision is the trainer's: ``trainer.precision: bf16-mixed`` runs the matmuls in bf16 and keeps
-        the weights, softmax and loss in fp32.
-
         Args:
-            config: The model's sizes (GPTConfig). context_length and vocab_size come from the data
-                module (linked), so they always agree with the data.
+            config: The model's sizes; context_length and vocab_size are linked from the data.
             lr: AdamW learning rate.
             weight_decay: AdamW weight decay, on every parameter.
-            compile: Run the model through ``torch.compile`` (a slower start, then faster steps). The loss
-                then comes from the compiled ``model(x)``'s logits (fused_loss is unused).
-                Compiled code draws its dropout masks its own way: with dropout above 0 the training steps
-                differ from an uncompiled run's (the same seed, other masks); with dropout 0, and in evaluation,
-                they agree to float rounding.
-            fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``):
-                fewer passes over the logits when training, and evaluation in tiles of 1024 tokens x 2048 words
-                of logits that stay in the CPU's caches, never holding a whole batch's logits. The same losses
-                as from ``model(x)``'s logits, to float rounding. Not used under fp16 precision (16-mixed,
-                16-true) or a strategy that shards the parameters (FSDP): there the loss comes from ``model(x)``.
-            fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA): one pass over all the parameters per
-                step instead of one per operation (docs/performance.md: the time it saves), the same
-                update. Under 16-mixed, and under bf16-mixed with gradient clipping, the
-                unfused AdamW is used (Lightning cannot unscale or clip before a fused step; said in the log).
-            keep_cpu_memory: When running on CPU (Linux, glibc), keep freed memory in the process instead of
-                returning it to the OS every step (see ``keep_freed_memory``): removes most system time.
-                A process-wide setting; the process's memory then stays at its peak.
-            tf32: On CUDA only, run fp32 matmuls as TF32 (``torch.set_float32_matmul_precision("high")``):
-                several times faster on Ampere and later GPUs, 10-bit mantissa products. Ignored on CPU.
+            compile: Run the model through ``torch.compile`` (slower start, faster steps). Compiled code draws its
+                dropout masks its own way: other training steps with dropout above 0; with dropout 0 the same.
+            fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``): the same losses,
+                fewer passes over the logits in training, evaluation in tiles of 1024 tokens x 2048 words of logits.
+                Not used under fp16 precision or a strategy that shards the parameters (FSDP).
+            fused_adamw: PyTorch's fused AdamW kernel (CPU and CUDA), the same update in one pass; the unfused one
+                under 16-mixed, and under bf16-mixed with gradient clipping (said in the log).
+            keep_cpu_memory: On CPU (Linux, glibc), keep freed memory in the process for the next step (removes most
+                system time; the process stays at its peak memory).
+            tf32: On CUDA only, run fp32 matmuls as TF32 (``torch.set_float32_matmul_precision("high")``).
             max_new_tokens: Tokens ``predict`` appends to each prompt.
-            temperature: 0 is greedy decoding, the chapter's; above 0 samples from softmax(logits / T), each
-                prompt with its own generator seeded from the run's seed and the prompt's number: the same
-                text for the same seed, whatever the number of processes (CPU and CUDA draw differently).
+            temperature: 0 is greedy decoding, the chapter's; above 0 samples from softmax(logits / T), each prompt
+                with a generator seeded from the run's seed and its number.
             top_k: When sampling, keep only the k most likely tokens (None: all).
-            init_from: Start from GPT-2's released weights: a hub name (gpt2, gpt2-medium, gpt2-large,
-                gpt2-xl; downloaded once into Hugging Face's cache, needs ``pip install -e ".[hub]"``) or a
-                folder in Hugging Face's layout (config.json + model.safetensors or pytorch_model.bin).
-                model.config must match its config.json; data.context_length may be shorter (the first rows
-                of the position table are kept). A --ckpt_path is restored over these weights.
-            weights_from_checkpoint: A checkpoint gives every weight, so ``init_from``'s are neither fetched nor
-                loaded (a run's config.yaml keeps init_from; resuming or testing it needs no download). The CLI
-                links it to ``--ckpt_path``; not a hyperparameter.
-            inspect: ``predict`` only: also write, for each prompt, a page of what the model does with it (each
-                token's loss and top 5 predictions, every head's attention, the logit lens, the residual stream),
-                ``inspect_<n>.html`` in predict's folder, self-contained, and its figures as ``inspect_<n>/*.png``
-                (gpt_lit/inspect_page.py). Not a hyperparameter.
+            init_from: Start from GPT-2's released weights: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl;
+                needs ``pip install -e ".[hub]"``) or a Hugging Face GPT-2 folder, whose config.json model.config
+                must match (data.context_length may be shorter). A --ckpt_path is restored over these weights.
+            weights_from_checkpoint: Set by the CLI with --ckpt_path: a checkpoint gives every weight, so
+                ``init_from``'s are not loaded. Not a hyperparameter.
+            inspect: ``predict`` only: also write for each prompt a page of what the model does with it,
+                ``inspect_<n>.html`` in predict's folder, and its figures, ``inspect_<n>/*.png``. Not a hyperparameter.
         """
         super().__init__()
         if lr <= 0 or weight_decay < 0 or max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k <= 0):
@@ -110,9 +103,7 @@ class GPTLightning(L.LightningModule):
         # Token-weighted means over a whole evaluation set, reduced across processes under DDP.
         self.val_loss, self.train_eval_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.test_perplexity = MeanPerplexity()
-        # The results of the latest validation of fit, for the instruments that log beside it (gpt_lit/diagnostics):
-        # "loss/val", "loss/train" (when the training set is evaluated too) as floats. None after a sanity check:
-        # its values are no validation's.
+        # The latest validation's "loss/val" and "loss/train" as floats, for the diagnostics; None after a sanity check.
         self.last_validation: dict[str, Any] | None = None
 
     def setup(self, stage: str) -> None:
@@ -121,8 +112,7 @@ class GPTLightning(L.LightningModule):
             keep_freed_memory()
         if self.hparams.tf32 and device == "cuda":
             torch.set_float32_matmul_precision("high")
-        # Lightning runs prepare_data, setup, configure_model, then restores a --ckpt_path: so a resumed
-        # fine-tune continues from its checkpoint, not from the released weights.
+        # Lightning restores a --ckpt_path after setup: a resumed fine-tune continues from it, not the released weights.
         if self.hparams.init_from and not (self.pretrained_loaded or self.weights_from_checkpoint):
             folder = load_pretrained(self.model, self.hparams.init_from)
             self.pretrained_loaded = True
@@ -137,10 +127,8 @@ class GPTLightning(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.saved_at = checkpoint.get("global_step"), checkpoint.get("epoch")
-        # validate/test/predict run without fit's checkpoint callbacks (the CLI removes them: they would save
-        # nothing), whose states the file keeps. Lightning, restoring callbacks after this hook, would warn that
-        # they "need to be provided"; outside fit they are not needed, so their states are left out of the
-        # loaded copy (the file is unchanged).
+        # Outside fit the CLI removes fit's checkpoint callbacks, whose states the file keeps: left out of the loaded
+        # copy, so that Lightning does not warn that they "need to be provided" (the file is unchanged).
         try:
             trainer = self.trainer
         except RuntimeError:  # GPTLightning.load_from_checkpoint: no Trainer, and no callbacks are restored
@@ -148,8 +136,8 @@ class GPTLightning(L.LightningModule):
         if trainer.state.fn != TrainerFn.FITTING and checkpoint.get("callbacks"):
             present = {callback.state_key for callback in trainer.callbacks}
             checkpoint["callbacks"] = {k: v for k, v in checkpoint["callbacks"].items() if k in present}
-        # A resume trains with the configured lr and weight decay (config.yaml's and the HParams row's), not those
-        # of the optimizer's saved state, which Lightning restores after this hook (unless a scheduler owns the lr).
+        # A resume trains with the configured lr and weight decay (config.yaml's), not the optimizer state's, which
+        # Lightning restores after this hook (unless a scheduler owns the lr).
         if trainer.state.fn == TrainerFn.FITTING and not checkpoint.get("lr_schedulers"):
             changed = set()
             for state in checkpoint.get("optimizer_states", []):
@@ -169,8 +157,7 @@ class GPTLightning(L.LightningModule):
             trainer = self.trainer
         except RuntimeError:  # not attached to a Trainer (the module on its own): one process, full precision
             return True
-        # It reads head.weight outside forward (a shard under FSDP), and under fp16 it would keep the softmax's
-        # small probabilities, before the loss scale multiplies them, in fp16, where those below 6e-5 are subnormal.
+        # It reads head.weight outside forward (a shard under FSDP); under fp16 its small probabilities would underflow.
         return not shards_parameters(trainer) and not str(trainer.precision).startswith("16")
 
     def token_losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -188,16 +175,13 @@ class GPTLightning(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor] | None:
-        """dataloader 0: the validation set, whose batches return each token's loss, (B, T), as ``token_losses``
-        (to ``on_validation_batch_end``: PositionLoss averages them by position); 1: the whole training set (see
-        TimeMachineData.val_dataloader)."""
+        """Dataloader 0, the validation set, returns each token's loss (B, T) for PositionLoss; 1: the training set."""
         per_token = self.token_losses(batch)
         (self.val_loss if dataloader_idx == 0 else self.train_eval_loss).update(per_token.mean(), per_token.numel())
         return {"token_losses": per_token} if dataloader_idx == 0 else None
 
     def on_validation_epoch_end(self) -> None:
-        # The metric objects, as on_test_epoch_end logs them: Lightning logs their means across processes and resets
-        # them after the loop; each mean (computed once, a collective across processes) is this validation's result.
+        # The metric objects: Lightning logs their means across processes and resets them after the loop.
         results: dict[str, Any] = {}
         for name, metric in (("loss/val", self.val_loss), ("loss/train", self.train_eval_loss)):
             if metric.update_count:

@@ -12,13 +12,8 @@ from gpt_lit.distributed import gather_objects
 
 class ContinuationWriter(BasePredictionWriter):
     def __init__(self, filename: str = "continuations.txt"):
-        """Collect every prompt's continuation; print them and save them as ``<log_dir>/<filename>``.
-
-        ``predict`` logs nothing to TensorBoard; its folder (``<run>/predict/<checkpoint>/`` for a run's
-        checkpoint, else the next ``version_N`` of the config's runs) is the trainer's ``log_dir``.
-
-        Under several processes each continues its share of the prompts; process 0 gathers them all, puts
-        them in the prompts' order, writes the file and prints them, once.
+        """Collect every prompt's continuation (process 0 gathers every process's, in the prompts' order); print them
+        and save them as ``<log_dir>/<filename>``, predict's folder.
 
         Args:
             filename: Name of the file written in predict's folder.

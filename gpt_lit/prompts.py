@@ -13,9 +13,7 @@ from gpt_lit.tokenizer import encode
 
 
 def read_prompts_file(path: str) -> list[str]:
-    """The prompts in a text file, one a line: UTF-8 (a byte-order mark is dropped), split on ``\n`` and ``\r\n``
-    only, blank lines skipped. Other characters that ``str.splitlines`` would split on (``\x0c``, ``\u2028``, ...)
-    stay inside their prompt. A file that cannot be read, or holds no prompt, is a GptLitError."""
+    """The prompts in a UTF-8 text file, one a line (split on ``\n`` and ``\r\n`` only, blank lines skipped)."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
@@ -32,9 +30,7 @@ def read_prompts_file(path: str) -> list[str]:
 
 
 def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[str]:
-    """``predict``'s prompts: ``prompts`` (data.prompts), then those of ``prompts_file`` (data.prompts_file). None
-    at all, an empty one, or a file ``read_prompts_file`` refuses is a GptLitError that says what to do. The CLI
-    calls it before the checkpoint is read; the data module, for the prompts it continues."""
+    """``predict``'s prompts: data.prompts, then data.prompts_file's; none, or an empty one, is a GptLitError."""
     prompts = list(prompts or []) + (read_prompts_file(prompts_file) if prompts_file else [])
     if not prompts:
         raise GptLitError("predict needs prompts: set data.prompts in the config or data.prompts_file")
@@ -45,12 +41,8 @@ def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[st
 
 
 class Prompts(Dataset):
-    """Prompts for ``predict``: item i is (i, the prompt's token IDs); the model sees the last ``context_length``.
-
-    The index travels with the prompt, so that under several processes, each continuing its share of the
-    prompts, the continuations are put back in the prompts' order and each prompt samples with its own
-    generator (``GPTLightning.predict_step``).
-    """
+    """Prompts for ``predict``: item i is (i, the prompt's token IDs), the index for putting the continuations of
+    several processes back in order and for each prompt's generator."""
 
     def __init__(self, prompts: list[str], context_length: int):
         self.texts, self.ids = [], []

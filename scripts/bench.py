@@ -52,11 +52,10 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpt_lit.cpu_memory import keep_freed_memory
 from gpt_lit.flops import eval_flops_per_token, matmul_params, matmul_step, train_flops_per_token  # noqa: F401
-from gpt_lit.loss import head_cross_entropy
+from gpt_lit.loss import token_losses
 from gpt_lit.model import GPT, GPTConfig, count_params
-from gpt_lit.module import GPTLightning
+from gpt_lit.module import GPTLightning, keep_freed_memory
 
 PRECISIONS = ("32-true", "bf16-mixed")
 
@@ -94,7 +93,7 @@ def forever(loader: DataLoader) -> Iterator:
 def gpt_lit_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """GPTLightning.loss with fused_loss (its default), written out."""
     h = model.final_norm(model.hidden_states(x))
-    return head_cross_entropy(h.flatten(0, 1), model.head.weight, y.flatten())
+    return token_losses(h.flatten(0, 1), model.head.weight, y.flatten()).mean()
 
 
 def plain_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

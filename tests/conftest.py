@@ -2,6 +2,7 @@ import functools
 import importlib.util
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,6 @@ def run_session(cwd: Path, pythonpath: list[Path], timeout: float) -> None:
     with no distributed variables inherited; kill the whole group if it hangs or fails, and assert it succeeded."""
     import signal
     import subprocess
-    import sys
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
     for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -211,8 +211,8 @@ def windows_by_hand(ids, context_length: int, stride: int):
 
 # The chapter's experiments and its untrained GPT-2 are the suite's costliest computations; each is made once per
 # session and shared by the tests that read it (the model is only ever put in eval mode and read).
-# (Bound here, so that a test may put these in gpt_lit.experiments' place.)
-# chapter_experiment: experiments.residual_experiment; untrained_gpt2; chapter_continuation: experiments.continuation
+# (Bound here, so that a test may put these in scripts/reproduce_chapter.py's place.)
+# chapter_experiment: its residual_experiment; untrained_gpt2; chapter_continuation: its continuation
 # (greedy, so the same every time). Made on first use (PEP 562's module __getattr__), so that loading this file
 # imports no gpt_lit.
 CACHED = {"chapter_experiment": "residual_experiment", "untrained_gpt2": "untrained_gpt2",
@@ -222,9 +222,7 @@ CACHED = {"chapter_experiment": "residual_experiment", "untrained_gpt2": "untrai
 def __getattr__(name: str):
     if name not in CACHED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from gpt_lit import experiments
-
-    globals()[name] = cached = functools.cache(getattr(experiments, CACHED[name]))
+    globals()[name] = cached = functools.cache(getattr(load_script("reproduce_chapter"), CACHED[name]))
     return cached
 
 
@@ -233,6 +231,7 @@ def load_script(name: str):
     Python process: the scripts' imports are the package's, already loaded here."""
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as importlib's recipe does: a dataclass in it looks its module up there
     spec.loader.exec_module(module)
     return module
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpt_lit.data import TimeMachineData
-from gpt_lit.loss import _losses_from_softmax, head_cross_entropy, token_losses, vocab_blocked_token_losses
+from gpt_lit.loss import _losses_from_softmax, token_losses, vocab_blocked_token_losses
 from gpt_lit.model import GPT, GPTConfig, count_params
 from gpt_lit.module import GPTLightning
 
@@ -90,13 +90,13 @@ def test_head_cross_entropy_equals_linear_then_cross_entropy():
     h2, w2 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
     expected = F.cross_entropy(F.linear(h1, w1), t)
     (3 * expected).backward()
-    got = head_cross_entropy(h2, w2, t)
+    got = token_losses(h2, w2, t).mean()
     (3 * got).backward()
     assert got.item() == pytest.approx(expected.item(), abs=1e-5)
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
     with torch.no_grad():  # evaluation: no graph
-        assert head_cross_entropy(h0, w0, t).item() == pytest.approx(expected.item(), abs=1e-5)
+        assert token_losses(h0, w0, t).mean().item() == pytest.approx(expected.item(), abs=1e-5)
 
 
 def test_each_tokens_loss_has_its_own_gradient():
@@ -123,7 +123,7 @@ def test_head_cross_entropy_is_exact_where_the_target_probability_underflows():
     far = F.cross_entropy(logits, t, reduction="none") > 69
     assert 0 < far.sum() < 40  # both kinds of rows are there
     assert (logits.softmax(-1).gather(1, t[:, None]).squeeze(1)[far] < 1e-30).all()
-    got = head_cross_entropy(h.requires_grad_(), w, t)
+    got = token_losses(h.requires_grad_(), w, t).mean()
     assert math.isfinite(got.item())
     assert got.item() == pytest.approx(F.cross_entropy(logits, t).item(), rel=1e-6)
     # Both ways of taking the losses from the softmax (CPU's, and the GPU's with no host check) are exact.
@@ -168,7 +168,7 @@ def test_evaluation_losses_equal_cross_entropy_to_float_rounding(precision):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
         logits = F.linear(h, w).float()
         per_token = vocab_blocked_token_losses(h, w, t, tokens=256)
-        mean = head_cross_entropy(h, w, t)  # without gradients: the mean of the same losses, in one tile of tokens
+        mean = token_losses(h, w, t).mean()  # without gradients: the mean of the same losses, in one tile of tokens
     expected = F.cross_entropy(logits, t, reduction="none")
     assert mean.item() == pytest.approx(expected.mean().item(), rel=1e-6)
     torch.testing.assert_close(per_token, expected, rtol=1e-6, atol=1e-5)

@@ -1,14 +1,14 @@
-"""The chapter's printed numbers, from gpt_lit.experiments: the functions scripts/reproduce_chapter.py prints."""
+"""The chapter's printed numbers, from the experiments scripts/reproduce_chapter.py prints."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from conftest import chapter_continuation, untrained_gpt2
+from conftest import chapter_continuation, load_script, untrained_gpt2
 from conftest import chapter_experiment as experiment  # each experiment once per session
 
-from gpt_lit import experiments as ex
+ex = load_script("reproduce_chapter")  # the experiments, beside the book's numbers
 
 
 @pytest.fixture(scope="module")

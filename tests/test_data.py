@@ -11,12 +11,11 @@ from conftest import REPO, windows_by_hand
 
 from gpt_lit import book_source
 from gpt_lit.book_source import load_book
-from gpt_lit.data import TimeMachineData
+from gpt_lit.data import TimeMachineData, TokenWindows
 from gpt_lit.errors import GptLitError
 from gpt_lit.module import GPTLightning
 from gpt_lit.run.cli import main
 from gpt_lit.tokenizer import get_tokenizer
-from gpt_lit.windows import TokenWindows
 
 
 @pytest.fixture(scope="module")

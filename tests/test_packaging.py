@@ -74,14 +74,15 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_carries_the_code_the_configs_and_the_book(wheel):
+def test_the_wheel_carries_the_code_the_configs_the_book_and_the_page(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {str(p.relative_to(REPO)) for p in (REPO / "gpt_lit").rglob("*.py")}
     assert sources <= names  # every module and subpackage
     archive = zipfile.ZipFile(wheel)
     for config in (REPO / "configs").glob("*.yaml"):
         assert archive.read(f"gpt_lit/configs/{config.name}") == config.read_bytes()
-    assert archive.read("gpt_lit/book/pg35.txt") == (REPO / "gpt_lit/book/pg35.txt").read_bytes()
+    for data in ("book/pg35.txt", "inspect_page.html"):  # the book, and the template of predict's inspect page
+        assert archive.read(f"gpt_lit/{data}") == (REPO / "gpt_lit" / data).read_bytes()
 
 
 def test_first_run_from_the_installed_wheel_in_an_empty_folder_offline(wheel, tmp_path):

@@ -14,7 +14,6 @@ import pytest
 from conftest import QUIET_TRAINER, chapter_continuation, chapter_experiment, load_script, untrained_gpt2
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from gpt_lit import experiments as ex
 from gpt_lit.data import TimeMachineData
 from gpt_lit.diagnostics import UnigramBaseline
 from gpt_lit.model import GPTConfig
@@ -23,10 +22,10 @@ from gpt_lit.module import GPTLightning
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_script(capsys, name: str, *args: str) -> tuple[int, str, str]:
-    """`python scripts/<name>.py <args>`: (exit status, stdout, stderr)."""
+def run_script(capsys, name: str, *args: str, script=None) -> tuple[int, str, str]:
+    """`python scripts/<name>.py <args>` (or ``script``, the module loaded already): (exit status, stdout, stderr)."""
     try:
-        load_script(name).main(list(args))
+        (script or load_script(name)).main(list(args))
         code = 0
     except SystemExit as e:
         code = e.code
@@ -114,12 +113,13 @@ def numbers_after(text: str, label: str) -> list[str]:
 
 def test_reproduce_chapter_prints_every_table_with_the_books_values_and_ours(tmp_path, capsys, monkeypatch):
     # the experiments the other tests check, made once per session: this test checks what the script prints
+    ex = load_script("reproduce_chapter")
     monkeypatch.setattr(ex, "residual_experiment", chapter_experiment)
     monkeypatch.setattr(ex, "untrained_gpt2", untrained_gpt2)
     monkeypatch.setattr(ex, "continuation", chapter_continuation)
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # the figure the script saves, kept to read its lines
-    code, out, stderr = run_script(capsys, "reproduce_chapter", "--out", str(tmp_path))
+    code, out, stderr = run_script(capsys, "reproduce_chapter", "--out", str(tmp_path), script=ex)
     assert code == 0, stderr
     # each table: the book's value and ours side by side
     assert "-1.3416  -0.4472   0.4472   1.3416 |  -1.3416  -0.4472   0.4472   1.3416" in out

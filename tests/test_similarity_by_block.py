@@ -10,12 +10,12 @@ import torch
 from conftest import chapter_experiment, load_script  # each experiment once per session
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
-from gpt_lit import experiments as ex
 from gpt_lit.distributed import shards_parameters
 from gpt_lit.measure import position_similarity
+from gpt_lit.model import GPT, GPTConfig
 
 
-def experiment(residual: bool) -> ex.ResidualExperiment:
+def experiment(residual: bool):
     return chapter_experiment(residual, 12)
 
 
@@ -37,8 +37,8 @@ def test_without_residuals_similarity_grows_block_by_block_to_one():
 def test_first_block_by_hand():
     """Block 1's value is the similarity of block 1's output, computed without the forward hooks."""
     torch.manual_seed(123)
-    cfg = ex.GPTConfig(emb_dim=256, n_heads=4, n_layers=12, context_length=64, dropout=0.0, residual=True)
-    model = ex.GPT(cfg)
+    cfg = GPTConfig(emb_dim=256, n_heads=4, n_layers=12, context_length=64, dropout=0.0, residual=True)
+    model = GPT(cfg)
     x = torch.randint(0, cfg.vocab_size, (4, 64))
     with torch.no_grad():
         h = model.blocks[0](model.tok_emb(x[:1]) + model.pos_emb(torch.arange(64)))

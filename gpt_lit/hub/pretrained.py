@@ -1,10 +1,6 @@
-"""OpenAI's released GPT-2 weights in the chapter's classes: ``model.init_from``.
-
-The source is a folder in Hugging Face's GPT-2 layout (``config.json`` + ``model.safetensors`` or
-``pytorch_model.bin``, either in shards or not), or a hub name that ``huggingface_hub`` fetches into its usual
-cache. The hub's files leave out the ``transformer.`` prefix that ``save_pretrained`` writes, and carry each block's
-causal mask (``h.N.attn.bias``, never read: the chapter's attention is causal by itself). Both load.
-"""
+"""OpenAI's released GPT-2 weights in the chapter's classes (``model.init_from``): a folder in Hugging Face's GPT-2
+layout (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a hub name that
+``huggingface_hub`` fetches into its cache."""
 
 from __future__ import annotations
 
@@ -44,11 +40,8 @@ def _first_sentence(e: BaseException) -> str:
 
 
 def fetch(init_from: str, download: bool = True) -> Path:
-    """The folder ``init_from`` names: a local folder as it is, or a hub name's snapshot in the hub's cache.
-
-    With ``download=True`` a hub name is downloaded when not yet cached (``huggingface_hub.snapshot_download``,
-    the config and the safetensors weights only); with ``False`` only the cache is looked at.
-    """
+    """The folder ``init_from`` names: a local folder, or a hub name's snapshot in the hub's cache (downloaded there
+    first when missing, with ``download``)."""
     path = Path(init_from).expanduser()
     if path.is_dir():
         return path  # an existing folder wins over a hub name of the same spelling
@@ -149,11 +142,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_pretrained(model: GPT, init_from: str) -> Path:
-    """Copy GPT-2's weights from ``init_from`` (folder or hub name) into ``model``; returns the folder read.
-
-    The architecture in its config.json must be ``model.cfg``'s, except context_length: the model's may be
-    shorter, and keeps the first rows of the position table. Anything else is one GptLitError line.
-    """
+    """Copy GPT-2's weights from ``init_from`` into ``model`` (a shorter context keeps the first positions); returns
+    the folder read."""
     folder = fetch(init_from, download=False)  # a hub name: from the cache, where prepare_data put it
     source = f"model.init_from {init_from}" + (f" ({folder})" if str(folder) != init_from else "")
     cfg = model.cfg
