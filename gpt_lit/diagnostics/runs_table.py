@@ -1,10 +1,8 @@
 """The runs table: each ``fit``'s defining settings and final losses in TensorBoard's HParams tab.
 
-The HParams protos are built here: torch's ``SummaryWriter.add_hparams`` writes a row into a new run of its own
-(a subfolder) all at once, and neither marks the columns that differ nor describes the metrics, nor ends a session
-as failed; ``torch.utils.tensorboard.summary.hparams`` cannot either."""
-
-from __future__ import annotations
+The row is TensorBoard's ``hparams_pb``; the experiment (which columns differ) and the session's end (failed or not)
+are built here: ``SummaryWriter.add_hparams`` writes all three at once into a run of its own, and neither it nor
+TensorBoard's builders mark differing columns or end a session without TensorFlow."""
 
 import os
 import time
@@ -15,28 +13,22 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit.diagnostics.probe import ValidationStep, log_at, tensorboards
 
 # The HParams tab's metric columns: TensorBoard shows each one's last scalar value in the session's run.
-METRICS = {
-    "loss/train": "final training loss (whole set)",
-    "loss/val": "final validation loss",
-    "loss/val_best": "best validation loss",
-}
+METRICS = {"loss/train": "final training loss (whole set)", "loss/val": "final validation loss",
+           "loss/val_best": "best validation loss"}  # fmt: skip
 
 
 def run_settings(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, bool | float | str]:
     """The settings that define a run of the chapter: the model's shape, the optimizer, the data, the seeds."""
     cfg, dm = pl_module.model.cfg, trainer.datamodule
     seed = os.environ.get("PL_GLOBAL_SEED")  # set by seed_everything (LightningCLI's too)
-    settings: dict[str, Any] = {
-        "n_layers": cfg.n_layers,
-        "residual": cfg.residual,
-        "emb_dim": cfg.emb_dim,
-        "n_heads": cfg.n_heads,
-        "dropout": cfg.dropout,
+    settings = {k: getattr(cfg, k) for k in ("n_layers", "residual", "emb_dim", "n_heads", "dropout")}
+    settings |= {
         "lr": pl_module.hparams.get("lr"),
         "batch_size": getattr(dm, "batch_size", None),
         "context_length": getattr(dm, "context_length", cfg.context_length),
@@ -70,28 +62,14 @@ def experiment_summary(settings: dict[str, bool | float | str], first: list[str]
     return hparams_summary(metadata.EXPERIMENT_TAG, experiment=experiment)
 
 
-def session_start_summary(settings: dict[str, bool | float | str]) -> Summary:
-    """This run's row: its settings' values."""
-    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
-    for k, v in settings.items():
-        if isinstance(v, bool):
-            start.hparams[k].bool_value = v
-        elif isinstance(v, (int, float)):
-            start.hparams[k].number_value = v
-        else:
-            start.hparams[k].string_value = str(v)
-    return hparams_summary(metadata.SESSION_START_INFO_TAG, session_start_info=start)
-
-
 def session_end_summary(status: int) -> Summary:
     end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
     return hparams_summary(metadata.SESSION_END_INFO_TAG, session_end_info=end)
 
 
 def add_summaries(trainer: L.Trainer, *summaries: Summary) -> None:
-    """``summaries`` into the event file of every TensorBoard writer of ``trainer``, flushed (``file_writer``:
-    SummaryWriter has no call that adds a summary). A writer that Lightning closed at the end of an earlier run of
-    the Trainer (``validate``, then ``fit``) gets them in a new event file in its folder."""
+    """``summaries`` into every TensorBoard writer's event file, flushed (SummaryWriter has no call that adds one);
+    a writer Lightning closed after an earlier run of the Trainer (``validate``, then ``fit``) into a new file."""
     for writer in tensorboards(trainer):
         closed = writer.file_writer is None
         into = SummaryWriter(writer.get_logdir()) if closed else writer
@@ -102,16 +80,10 @@ def add_summaries(trainer: L.Trainer, *summaries: Summary) -> None:
 
 class RunsTable(ValidationStep):
     def __init__(self, first: list[str] | None = None) -> None:
-        """Record the run in TensorBoard's HParams tab: one row per ``fit``, comparable across runs.
-
-        At the start: the settings that define a run (n_layers, residual, emb_dim, n_heads, dropout, lr,
-        batch_size, context_length, the trainer's precision, ``seed_everything`` and ``data.seed``); after
-        every validation of ``fit``, at the step of its ``loss/val``, ``loss/val_best``, the lowest ``loss/val``
-        so far (kept in checkpoints), to every logger; at the end, the session's status. The table's metric
-        columns are the last values of ``loss/train``, ``loss/val`` and ``loss/val_best``: with ``tensorboard
-        --logdir lightning_logs``, the chapter's loss table of every run. Every TensorBoard logger gets the table;
-        every other logger (CSV: its hparams.yaml) gets the settings through Lightning's ``log_hyperparams`` (which
-        for TensorBoard would also write placeholder values into the metrics' scalar tags).
+        """HParams: one row per ``fit``, its settings (``run_settings``) and the last ``loss/train``, ``loss/val`` and
+        ``loss/val_best`` (the lowest ``loss/val`` so far, logged after every validation); the chapter's loss table
+        of every run. Other loggers (CSV) get the settings through ``log_hyperparams`` (which for TensorBoard would
+        also write placeholder values into the metrics' tags).
 
         Args:
             first: The settings shown first (TensorBoard shows five columns until more are ticked); default
@@ -126,7 +98,7 @@ class RunsTable(ValidationStep):
             return
         settings = run_settings(trainer, pl_module)
         self.started = True
-        add_summaries(trainer, experiment_summary(settings, self.first), session_start_summary(settings))
+        add_summaries(trainer, experiment_summary(settings, self.first), hparams_pb(settings, trial_id=""))
         for logger in trainer.loggers:
             if not isinstance(logger, TensorBoardLogger):
                 logger.log_hyperparams(settings)

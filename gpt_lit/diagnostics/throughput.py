@@ -1,7 +1,5 @@
 """Tokens per second and MFU while a run trains and evaluates, through Lightning's ``ThroughputMonitor``."""
 
-from __future__ import annotations
-
 import functools
 from typing import Any
 
@@ -23,12 +21,8 @@ def tokens(batch: Any) -> int:
 
 
 def matmul_dtype(precision: str) -> torch.dtype:
-    """The dtype the matmuls run in under a trainer precision ("32-true", "bf16-mixed", ...)."""
-    if precision.startswith("bf16"):
-        return torch.bfloat16
-    if precision.startswith("16"):
-        return torch.float16
-    return torch.float64 if precision.startswith("64") else torch.float32
+    """The dtype the matmuls run in under a trainer precision ("32-true", "bf16-mixed", "16-mixed", "64-true", ...)."""
+    return {"bf": torch.bfloat16, "16": torch.float16, "64": torch.float64}.get(precision[:2], torch.float32)
 
 
 SLOW = 5e9  # FLOP/s: a dtype without a fast kernel on the device (bf16 on a CPU without bf16 units) runs below it
@@ -36,30 +30,17 @@ SLOW = 5e9  # FLOP/s: a dtype without a fast kernel on the device (bf16 on a CPU
 
 @functools.cache
 def measured_peak(device: torch.device, dtype: torch.dtype, threads: int) -> float:
-    """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3;
-    that of one 512 x 512 ``torch.mm`` where it runs below ``SLOW`` (there a 2048 x 2048 one would take minutes).
-    Measured once per process for each (the machine's rate is the same for the next run in a notebook or a test
-    session, and each measurement takes time)."""
+    """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3
+    (of one 512 x 512 one where that runs below ``SLOW``: a 2048 x 2048 one would take minutes); once per process."""
     small = matmul_peak(device, dtype, n=512, reps=1)
     return small if small < SLOW else matmul_peak(device, dtype, reps=3)
 
 
 class Throughput(ThroughputMonitor):
     def __init__(self, window_size: int = 5, every_parameter: bool = False):
-        """Log tokens per second and MFU of training and of evaluation: Lightning's ``ThroughputMonitor``, with
-        the FLOPs counted as ``scripts/bench.py`` counts them and the peak measured on this machine.
-
-        Tags (TensorBoard, Scalars): ``train/device/items_per_sec`` (tokens/s), ``train/device/mfu``,
-        ``train/device/flops_per_sec``, ``train/device/samples_per_sec`` (windows/s), ``train/time`` (seconds
-        of training so far, without the evaluations); the same under ``validate/`` for the evaluations, at each
-        evaluation batch (its step axis counts evaluation batches). A rate is the mean over the last
-        ``window_size`` steps, so it appears from the ``window_size``-th step of a run (of each evaluation).
-        Time spent between steps (the epoch's end hooks, checkpoints) counts in the training rate.
-
-        MFU = FLOPs per token x tokens/s / peak: training 6 N + 12 n_layers T emb_dim per token, evaluation
-        2 N + 4 n_layers T emb_dim (gpt_lit/flops.py), over the rate of a 2048 x 2048 ``torch.mm`` in the
-        precision's matmul dtype (the median of 3, as ``scripts/bench.py`` measures it; a 512 x 512 one where the
-        dtype has no fast kernel), measured when the first run of the process starts (``measured_peak``).
+        """Lightning's ``ThroughputMonitor`` (``train/device/items_per_sec`` in tokens/s, ``train/device/mfu``, ...;
+        the same under ``validate/``), with the FLOPs counted as gpt_lit/flops.py counts them and MFU taken against
+        the peak measured on this machine (``measured_peak``) in the precision's matmul dtype.
 
         Args:
             window_size: Steps (or evaluation batches) each rate is averaged over; at least 2.
@@ -77,8 +58,7 @@ class Throughput(ThroughputMonitor):
 
     @available_flops.setter
     def available_flops(self, flops: int | None) -> None:
-        # ThroughputMonitor sets its public ``available_flops`` from Lightning's table of devices (none for CPUs) in
-        # ``setup`` and gives it to the counters it makes there: kept as ``listed_flops``, the measured peak is given.
+        # ThroughputMonitor.setup sets it from Lightning's table of devices (none for CPUs) and hands it on: kept aside.
         self.listed_flops = flops
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -100,8 +80,7 @@ class Throughput(ThroughputMonitor):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         self.count(pl_module, batch, training=False)
 
-    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        self.count(pl_module, batch, training=False)
+    on_test_batch_start = on_validation_batch_start
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         pl_module.flops_per_batch = None  # generation: no FLOP count, tokens/s only
