@@ -6,9 +6,8 @@ TensorBoard and the chapter's modules (gpt_lit/*.py), never gpt_lit/run/."""
 
 from gpt_lit.diagnostics.attention import AttentionMaps
 from gpt_lit.diagnostics.blocks import BlockGradNorms, LogitLens, PositionSimilarity, ResidualStream
-from gpt_lit.diagnostics.losses import ChapterFigures, UnigramBaseline
+from gpt_lit.diagnostics.losses import ChapterFigures, RunsTable, UnigramBaseline
 from gpt_lit.diagnostics.position_loss import PositionLoss
-from gpt_lit.diagnostics.runs_table import RunsTable
 from gpt_lit.diagnostics.samples import Samples
 from gpt_lit.diagnostics.throughput import Throughput
 

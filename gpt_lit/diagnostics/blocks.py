@@ -1,6 +1,5 @@
-"""Block by block through the stack, each a scalar per block and a figure against depth: the gradient norm that
-reaches each block and, on fixed validation windows, the similarity between positions, the residual stream's size
-and each sub-layer's write, the logit lens."""
+"""Block by block, a scalar per block and a figure against depth: the gradient norms and, on fixed validation
+windows, the similarity between positions, the residual stream's size and each sub-layer's write, the logit lens."""
 
 import lightning as L
 import torch
@@ -13,10 +12,8 @@ from gpt_lit.distributed import shards_parameters
 
 class BlockGradNorms(ValidationStep):
     def __init__(self, param: str = "ffn.fc.weight", figure: bool = True):
-        """Scalars ``grad_norm/block_N``: the L2 norm of each block's ``param`` gradient after backward (and AMP's
-        unscaling), before clipping and the optimizer step, logged with ``self.log`` at every step (Lightning writes
-        every ``log_every_n_steps``-th); not under strategies that shard the parameters. With ``figure``, image
-        ``figures/grad_norm_by_block`` after every validation of ``fit``: the last step's norms against depth.
+        """``grad_norm/block_N``: each block's ``param`` gradient's L2 norm, unscaled, before clipping, at every step
+        (Lightning writes every ``log_every_n_steps``-th); with ``figure``, the last: ``figures/grad_norm_by_block``.
 
         Args:
             param: Which parameter of each block to measure; the chapter uses the first feed-forward weight.
@@ -56,9 +53,8 @@ class BlockGradNorms(ValidationStep):
 
 class PositionSimilarity(Probe):
     def __init__(self, num_sequences: int = 4, figure: bool = True):
-        """Scalars ``similarity/block_N`` (``measure.position_similarity`` after block N, on fixed validation windows)
-        and ``similarity/positions`` (the top of the stack: the chapter's 0.563 with residuals, 1.000 without), at the
-        start and after every validation of ``fit``; with ``figure``, image ``figures/similarity_by_block``.
+        """``similarity/block_N``: ``measure.position_similarity`` after block N; ``similarity/positions``: the last
+        block's (the chapter's 0.563 with residuals, 1.000 without); with ``figure``, ``figures/similarity_by_block``.
 
         Args:
             num_sequences: How many validation windows to average over (a fixed batch).
@@ -79,9 +75,8 @@ class PositionSimilarity(Probe):
 
 class ResidualStream(Probe):
     def __init__(self, num_sequences: int = 4):
-        """Scalars ``stream/rms/embeddings`` and ``stream/rms/block_N`` (the stream's RMS), ``stream/update/attn_N``
-        and ``stream/update/ffn_N`` (``measure.update_ratios``), image ``figures/stream_by_block``, at the start and
-        after every validation of ``fit`` (docs/inside_the_block.md).
+        """``stream/rms/embeddings``, ``stream/rms/block_N`` (the stream's RMS), ``stream/update/attn_N``, ``ffn_N``
+        (``measure.update_ratios``) and ``figures/stream_by_block``.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
@@ -109,8 +104,8 @@ class LogitLens(Probe):
     at_start = False  # the head reads nothing useful before training
 
     def __init__(self, num_sequences: int = 2):
-        """Scalars ``lens/block_N``: the loss on fixed validation windows of the stream after block N read out by the
-        head (``measure.lens_losses``), image ``figures/lens_by_block``, after every validation of ``fit``.
+        """``lens/block_N``: the loss of the stream after block N read out by the head (``measure.lens_losses``), and
+        ``figures/lens_by_block``.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).

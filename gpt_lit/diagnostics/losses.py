@@ -1,9 +1,17 @@
-"""The chapter's loss figure: as an image, its unigram floor as a scalar, and as a chart of TensorBoard's Custom
-Scalars tab (with one line per block of the gradient norms and the similarity)."""
+"""The losses as TensorBoard shows them: the chapter's loss figure, the unigram floor, the Custom Scalars charts and
+the runs table (the chapter's loss table, one row per run) in the HParams tab."""
 
+import os
+import time
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams.summary_v2 import hparams_pb
+from torch.utils.tensorboard import SummaryWriter
 
 from gpt_lit.diagnostics.figures import Chart, draw_losses
 from gpt_lit.diagnostics.probe import ValidationStep, log_at, show, tensorboards
@@ -11,9 +19,7 @@ from gpt_lit.diagnostics.probe import ValidationStep, log_at, show, tensorboards
 
 class ChapterFigures(ValidationStep):
     def __init__(self) -> None:
-        """Image ``figures/losses`` after every validation of ``fit``: the whole-set training and validation losses
-        so far (the module's ``last_validation``, kept in checkpoints) and the unigram floor, as the chapter draws
-        them."""
+        """``figures/losses``: the module's ``last_validation`` losses so far and the unigram floor, as the chapter."""
         self.epochs: list[dict[str, Any]] = []  # one per validation: {"epoch", "step", "train", "val"}
         self.chart = Chart()
 
@@ -36,18 +42,12 @@ class ChapterFigures(ValidationStep):
 
 
 def chart_layout() -> dict[str, dict[str, list]]:
-    """The Custom Scalars tab: category -> chart title -> ["Multiline", regular expressions of its tags]. TensorBoard
-    matches a pattern anywhere in a tag (``loss/train`` would match ``loss/train_step``): every pattern is anchored."""
+    """The Custom Scalars tab: category -> chart -> ["Multiline", tag patterns (anchored: TensorBoard searches)]."""
+    floor = "^loss/unigram_baseline$"
     return {
         "The chapter's figure": {
-            "loss (whole sets, per epoch) and the unigram floor": [
-                "Multiline",
-                ["^loss/train$", "^loss/val$", "^loss/unigram_baseline$"],
-            ],
-            "training loss per step (with dropout) and the unigram floor": [
-                "Multiline",
-                ["^loss/train_step$", "^loss/unigram_baseline$"],
-            ],
+            "loss (whole sets, per epoch) and the unigram floor": ["Multiline", ["^loss/train$", "^loss/val$", floor]],
+            "training loss per step (with dropout) and the unigram floor": ["Multiline", ["^loss/train_step$", floor]],
         },
         "Depth: one line per block": {
             "gradient norm of each block's ffn.fc.weight": ["Multiline", [r"^grad_norm/block_\d+$"]],
@@ -58,9 +58,8 @@ def chart_layout() -> dict[str, dict[str, list]]:
 
 class UnigramBaseline(ValidationStep):
     def __init__(self, chart: bool = True):
-        """Scalar ``loss/unigram_baseline``: the data module's ``unigram_floor`` (the book's unigram entropy), at step
-        0 and beside each validation's losses only (as many points as theirs: TensorBoard's outlier-ignoring scale
-        keeps the chart on the losses).
+        """``loss/unigram_baseline``: the data module's ``unigram_floor`` at step 0 and beside each validation's losses
+        (no more points than theirs: TensorBoard's outlier-ignoring scale stays on the losses).
 
         Args:
             chart: Add TensorBoard's Custom Scalars layout (``chart_layout``).
@@ -78,3 +77,108 @@ class UnigramBaseline(ValidationStep):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.fitting(trainer):
             pl_module.log("loss/unigram_baseline", trainer.datamodule.unigram_floor, sync_dist=True)
+
+
+# The HParams tab's metric columns: TensorBoard shows each one's last scalar value in the session's run.
+METRICS = {"loss/train": "final training loss (whole set)", "loss/val": "final validation loss",
+           "loss/val_best": "best validation loss"}  # fmt: skip
+
+
+def run_settings(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, bool | float | str]:
+    """The settings that define a run of the chapter: the model's shape, the optimizer, the data, the seeds."""
+    cfg, dm = pl_module.model.cfg, trainer.datamodule
+    seed = os.environ.get("PL_GLOBAL_SEED")  # set by seed_everything (LightningCLI's too)
+    settings = {k: getattr(cfg, k) for k in ("n_layers", "residual", "emb_dim", "n_heads", "dropout")}
+    settings |= {
+        "lr": pl_module.hparams.get("lr"),
+        "batch_size": getattr(dm, "batch_size", None),
+        "context_length": getattr(dm, "context_length", cfg.context_length),
+        "precision": str(trainer.precision),
+        "seed_everything": None if seed is None else int(seed),
+        "data.seed": getattr(dm, "seed", None),
+    }
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def hparams_summary(tag: str, **data: Any) -> Summary:
+    """A summary of HParams plugin data (``plugin_data_pb2.HParamsPluginData(**data)``), as TensorBoard reads it."""
+    content = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(**data))
+    return Summary(value=[Summary.Value(tag=tag, metadata=content)])
+
+
+def experiment_summary(settings: dict[str, bool | float | str], first: list[str] = ()) -> Summary:
+    """The table's columns: the settings (those in ``first`` marked as differing: TensorBoard shows them first) and
+    the metrics. Built here: neither ``SummaryWriter.add_hparams`` nor TensorBoard's builders mark columns."""
+    types = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
+    experiment = api_pb2.Experiment(
+        hparam_infos=[
+            api_pb2.HParamInfo(name=k, type=types.get(type(v), api_pb2.DATA_TYPE_FLOAT64), differs=k in first)
+            for k, v in settings.items()
+        ],
+        metric_infos=[
+            api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=tag, description=text)
+            for tag, text in METRICS.items()
+        ],
+    )
+    return hparams_summary(metadata.EXPERIMENT_TAG, experiment=experiment)
+
+
+def session_end_summary(status: int) -> Summary:
+    end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
+    return hparams_summary(metadata.SESSION_END_INFO_TAG, session_end_info=end)
+
+
+def add_summaries(trainer: L.Trainer, *summaries: Summary) -> None:
+    """``summaries`` into every TensorBoard writer's event file (SummaryWriter has no call that adds one), flushed; a
+    writer Lightning closed after an earlier run of the Trainer (``validate``, then ``fit``) into a new file."""
+    for writer in tensorboards(trainer):
+        closed = writer.file_writer is None
+        into = SummaryWriter(writer.get_logdir()) if closed else writer
+        for summary in summaries:
+            into.file_writer.add_summary(summary)
+        into.close() if closed else into.flush()
+
+
+class RunsTable(ValidationStep):
+    def __init__(self, first: list[str] | None = None) -> None:
+        """HParams: a row per ``fit``, its ``run_settings`` and last ``loss/train``, ``loss/val``, ``loss/val_best``
+        (the lowest ``loss/val`` so far); other loggers (CSV) get the settings through ``log_hyperparams``.
+
+        Args:
+            first: The settings shown first (TensorBoard shows five columns until more are ticked); default
+                n_layers, residual, lr, precision, seed_everything: what the chapter's runs vary.
+        """
+        self.first = list(first or ["n_layers", "residual", "lr", "precision", "seed_everything"])
+        self.best: float | None = None
+        self.started = False  # a session started in TensorBoard by this process (only fit starts one)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.loggers or not trainer.is_global_zero:
+            return
+        settings = run_settings(trainer, pl_module)
+        self.started = True
+        add_summaries(trainer, experiment_summary(settings, self.first), hparams_pb(settings, trial_id=""))
+        for logger in trainer.loggers:
+            if not isinstance(logger, TensorBoardLogger):
+                logger.log_hyperparams(settings)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the module's on_validation_epoch_end, whose loss/val is this validation's: logged at its step.
+        val = (getattr(pl_module, "last_validation", None) or {}).get("loss/val")
+        if self.fitting(trainer) and val is not None:
+            self.best = val if self.best is None else min(self.best, val)
+            log_at(trainer, {"loss/val_best": self.best}, self.step)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        add_summaries(trainer, session_end_summary(api_pb2.STATUS_SUCCESS))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # A stopped run resumes: no end yet. A command that failed before fit started a session writes nothing.
+        if self.started and not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            add_summaries(trainer, session_end_summary(api_pb2.STATUS_FAILURE))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict.get("best")

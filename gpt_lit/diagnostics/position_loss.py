@@ -32,9 +32,8 @@ class PositionMeans(Metric):
 
 class PositionLoss(ValidationStep):
     def __init__(self, positions: list[int] = [1, 8, 32, 128]):  # noqa: B006 (read only; a list for the YAML)
-        """Scalars ``loss_by_position/<p>`` for the ``positions`` within the context, image ``figures/loss_by_position``
-        (every position), after every validation of ``fit``: the validation set's loss at each position of a window,
-        summed from the ``token_losses`` each ``validation_step`` returns (exact under DDP; no pass of its own).
+        """``loss_by_position/<p>`` and ``figures/loss_by_position``: the validation set's loss at each position, from
+        the ``token_losses`` each ``validation_step`` returns (no pass of its own).
 
         Args:
             positions: The positions (1 .. context_length) logged as scalars.

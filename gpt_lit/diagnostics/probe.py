@@ -82,11 +82,9 @@ class Probe(ValidationStep):
         self.inputs, self.targets = (torch.stack(part) for part in zip(*windows, strict=True))  # (n, T) each
         if self.active and self.at_start and trainer.ckpt_path is None and trainer.loggers and trainer.is_global_zero:
             pl_module.eval()  # a resumed run logged its start already
-            try:
-                with torch.no_grad():
-                    log_at(trainer, self.probe(trainer, pl_module, 0, 0.0), 0)
-            finally:
-                pl_module.train()
+            with torch.no_grad():
+                log_at(trainer, self.probe(trainer, pl_module, 0, 0.0), 0)
+            pl_module.train()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.active and self.fitting(trainer) and trainer.loggers:  # every process: same weights, windows, values

@@ -13,7 +13,7 @@ from gpt_lit.tokenizer import encode, get_tokenizer
 class Samples(ValidationStep):
     def __init__(self, prompts: list[str] | None = None, max_new_tokens: int = 30):
         """Texts ``samples/<prompt>``: each prompt's greedy continuation (the chapter's ``generate``: no random numbers
-        drawn), at the start and after every validation of ``fit``; not under strategies that shard the parameters.
+        drawn); not under strategies that shard the parameters.
 
         Args:
             prompts: Texts to continue; default "The Time Traveller" and "I saw".
@@ -31,16 +31,13 @@ class Samples(ValidationStep):
     @torch.no_grad()
     def continuations(self, pl_module: L.LightningModule) -> list[str]:
         """Each prompt with its greedy continuation, decoded; the model's training mode left as it was."""
-        enc, model = get_tokenizer(), pl_module.model
-        was_training = model.training
-        try:
-            rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
-                generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
-                for prompt in self.prompts
-            ]
-            return [enc.decode(row.tolist()) for row in rows]
-        finally:
-            model.train(was_training)  # generate() switches the model to eval mode and leaves it there
+        model, was_training = pl_module.model, pl_module.model.training
+        rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
+            generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
+            for prompt in self.prompts
+        ]
+        model.train(was_training)  # generate() switches the model to eval mode and leaves it there
+        return [get_tokenizer().decode(row.tolist()) for row in rows]
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         writers = tensorboards(trainer)

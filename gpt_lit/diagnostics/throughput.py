@@ -1,13 +1,12 @@
 """Tokens per second and MFU while a run trains and evaluates, through Lightning's ``ThroughputMonitor``."""
 
-import functools
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
 
-from gpt_lit.flops import eval_flops_per_token, matmul_peak, train_flops_per_token
+from gpt_lit.flops import eval_flops_per_token, measured_peak, train_flops_per_token
 from gpt_lit.model import count_params
 
 
@@ -25,22 +24,9 @@ def matmul_dtype(precision: str) -> torch.dtype:
     return {"bf": torch.bfloat16, "16": torch.float16, "64": torch.float64}.get(precision[:2], torch.float32)
 
 
-SLOW = 5e9  # FLOP/s: a dtype without a fast kernel on the device (bf16 on a CPU without bf16 units) runs below it
-
-
-@functools.cache
-def measured_peak(device: torch.device, dtype: torch.dtype, threads: int) -> float:
-    """FLOP/s of a 2048 x 2048 ``torch.mm`` on ``device`` in ``dtype`` with torch's ``threads``, the median of 3
-    (of one 512 x 512 one where that runs below ``SLOW``: a 2048 x 2048 one would take minutes); once per process."""
-    small = matmul_peak(device, dtype, n=512, reps=1)
-    return small if small < SLOW else matmul_peak(device, dtype, reps=3)
-
-
 class Throughput(ThroughputMonitor):
     def __init__(self, window_size: int = 5, every_parameter: bool = False):
-        """Lightning's ``ThroughputMonitor`` (``train/device/items_per_sec`` in tokens/s, ``train/device/mfu``, ...;
-        the same under ``validate/``), with the FLOPs counted as gpt_lit/flops.py counts them and MFU taken against
-        the peak measured on this machine (``measured_peak``) in the precision's matmul dtype.
+        """Lightning's ``ThroughputMonitor`` with gpt_lit/flops.py's FLOPs and MFU over this machine's measured peak.
 
         Args:
             window_size: Steps (or evaluation batches) each rate is averaged over; at least 2.
