@@ -82,8 +82,7 @@ def write_sizes(record: BlockRecord) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def update_ratios(record: BlockRecord) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per block, the RMS of each sub-layer's write over that of the stream it reads (0.1: a nudge), over the batch:
-    (attention, feed-forward), (n_layers,) each."""
+    """Per block, each sub-layer's write's RMS over the RMS of the stream it reads, over the batch: (n_layers,) each."""
     reads = (torch.stack([token_rms(x) for x in xs]) for xs in (record.attn_in, record.ffn_in))
     return tuple(batch_rms(write) / batch_rms(read) for write, read in zip(write_sizes(record), reads, strict=True))
 

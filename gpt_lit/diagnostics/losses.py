@@ -107,8 +107,8 @@ def hparams_summary(tag: str, **data: Any) -> Summary:
 
 
 def experiment_summary(settings: dict[str, bool | float | str], first: list[str] = ()) -> Summary:
-    """The table's columns: the settings (those in ``first`` marked as differing: TensorBoard shows them first) and
-    the metrics. Built here: neither ``SummaryWriter.add_hparams`` nor TensorBoard's builders mark columns."""
+    """The table's columns, those in ``first`` marked as differing (shown first): no builder of torch's or TensorBoard's
+    marks them."""
     types = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
     experiment = api_pb2.Experiment(
         hparam_infos=[

@@ -11,8 +11,7 @@ from gpt_lit.diagnostics.probe import ValidationStep, show
 
 
 class PositionMeans(Metric):
-    """The mean of a per-token value at each position 0 .. n-1 over every sequence seen, across processes: a sum and
-    a count per position, summed under DDP."""
+    """The mean of a per-token value at each position 0 .. n-1 over all sequences: sums and counts, summed under DDP."""
 
     full_state_update = False
 

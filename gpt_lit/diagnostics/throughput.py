@@ -7,7 +7,6 @@ import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
 
 from gpt_lit.flops import eval_flops_per_token, measured_peak, train_flops_per_token
-from gpt_lit.model import count_params
 
 
 def windows(batch: Any) -> int:
@@ -25,16 +24,14 @@ def matmul_dtype(precision: str) -> torch.dtype:
 
 
 class Throughput(ThroughputMonitor):
-    def __init__(self, window_size: int = 5, every_parameter: bool = False):
-        """Lightning's ``ThroughputMonitor`` with gpt_lit/flops.py's FLOPs and MFU over this machine's measured peak.
+    def __init__(self, window_size: int = 5):
+        """Lightning's ``ThroughputMonitor`` with gpt_lit/flops.py's FLOPs of the matmuls and MFU over this machine's
+        measured peak (``flops.measured_peak``).
 
         Args:
             window_size: Steps (or evaluation batches) each rate is averaged over; at least 2.
-            every_parameter: Count N as every parameter (bench.py's ``mfu``; the token-embedding lookup counts as
-                matmuls, so MFU can pass 1) instead of the weights that do matmuls (``mfu_matmul_only``).
         """
         super().__init__(batch_size_fn=windows, length_fn=tokens, window_size=window_size)
-        self.every_parameter = every_parameter
         self.peak: float | None = None  # FLOP/s of the measured matmul
 
     @property
@@ -55,10 +52,8 @@ class Throughput(ThroughputMonitor):
 
     def count(self, pl_module: L.LightningModule, batch: Any, training: bool) -> None:
         """Set ``flops_per_batch``, which ThroughputMonitor reads from the module after the batch."""
-        model = pl_module.model
-        n = count_params(model) if self.every_parameter else None
         per_token = train_flops_per_token if training else eval_flops_per_token
-        pl_module.flops_per_batch = per_token(model.cfg, batch[1].shape[1], n) * tokens(batch)
+        pl_module.flops_per_batch = per_token(pl_module.model.cfg, batch[1].shape[1]) * tokens(batch)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
         self.count(pl_module, batch, training=True)
