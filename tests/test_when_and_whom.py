@@ -256,7 +256,7 @@ def test_the_last_validations_lens_is_the_model_at_that_validation(run):
     _, scalars = run.scalars[0]
     [lens] = [cb for cb in run.trainer.callbacks if isinstance(cb, LogitLens)]
     model = run.module.model.eval()
-    x, y = lens.batch(run.module)
+    x, y = lens.inputs, lens.targets  # the probe's fixed validation windows
     expected = lens_losses(model, record_blocks(model, x), y).flatten(1).mean(dim=1).tolist()
     got = [scalars[f"lens/block_{i}"][-1] for i in range(1, N_LAYERS + 1)]
     assert got == [(run.val_steps[-1], pytest.approx(v, abs=1e-5)) for v in expected]
