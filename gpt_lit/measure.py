@@ -1,6 +1,5 @@
-"""The chapter's measurements as plain functions of a ``GPT`` and token IDs (or what ``record_blocks`` recorded of
-one pass), without a Trainer: a notebook calls them on ``last.ckpt``'s model, the diagnostics log and draw them.
-Torch and the chapter's model only."""
+"""The chapter's measurements as plain functions of a ``GPT`` and token IDs (or ``record_blocks``' record of a pass),
+without a Trainer (a notebook calls them on ``last.ckpt``'s model); torch and the chapter's model only."""
 
 from dataclasses import dataclass, field
 

@@ -234,9 +234,9 @@ def test_each_validations_instruments_hold_that_validations_values(run):
         (s, pytest.approx(v, abs=1e-5)) for s, v in val
     ]
     [figures] = [cb for cb in run.trainer.callbacks if isinstance(cb, ChapterFigures)]
-    assert [(p["step"], p["val"]) for p in figures.epochs] == [(s, pytest.approx(v, abs=1e-6)) for s, v in val]
+    assert [(p["step"], p["val"]) for p in figures.history] == [(s, pytest.approx(v, abs=1e-6)) for s, v in val]
     train = scalars.get("loss/train", [])
-    assert [(p["step"], p["train"]) for p in figures.epochs if p["train"] is not None] == [
+    assert [(p["step"], p["train"]) for p in figures.history if p["train"] is not None] == [
         (s, pytest.approx(v, abs=1e-6)) for s, v in train
     ]
     assert steps(train) == (run.val_steps if "--data.eval_train true" in SETTINGS[run.setting][0] else [])

@@ -62,7 +62,6 @@ class PositionSimilarity(Probe):
         """
         super().__init__(num_sequences)
         self.figure = figure
-        self.chart = Chart()
 
     def probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> dict[str, float]:
         blocks = [measure.position_similarity(out).mean().item() for out in self.record(pl_module).block_out]
@@ -75,14 +74,12 @@ class PositionSimilarity(Probe):
 
 class ResidualStream(Probe):
     def __init__(self, num_sequences: int = 4):
-        """``stream/rms/embeddings``, ``stream/rms/block_N`` (the stream's RMS), ``stream/update/attn_N``, ``ffn_N``
-        (``measure.update_ratios``) and ``figures/stream_by_block``.
+        """``stream/rms/*`` (the stream's RMS), ``stream/update/*`` (``measure.update_ratios``) and their figure.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
         super().__init__(num_sequences)
-        self.chart = Chart()
 
     def probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> dict[str, float]:
         record = self.record(pl_module)
@@ -104,14 +101,12 @@ class LogitLens(Probe):
     at_start = False  # the head reads nothing useful before training
 
     def __init__(self, num_sequences: int = 2):
-        """``lens/block_N``: the loss of the stream after block N read out by the head (``measure.lens_losses``), and
-        ``figures/lens_by_block``.
+        """``lens/block_N``: the loss of the stream after block N read out by the head, and ``figures/lens_by_block``.
 
         Args:
             num_sequences: How many validation windows to measure on (a fixed batch).
         """
         super().__init__(num_sequences)
-        self.chart = Chart()
 
     def probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> dict[str, float]:
         losses = measure.lens_losses(pl_module.model, self.record(pl_module), self.targets.to(pl_module.device))

@@ -21,8 +21,7 @@ TITLE = {"fontsize": "medium", "y": 1.0}  # y given: matplotlib skips finding ro
 
 
 def when(epoch: float, step: int | None = None, after: bool = False) -> str:
-    """When a measurement was made: "start", "epoch k" after epoch k (``epoch`` k + 1), "epoch k, step s" within it;
-    with ``after``, as a sentence: "at the start", "after epoch k"."""
+    """When: "start", "epoch k" after epoch k (``epoch`` k + 1), "epoch k, step s" within it; ``after``: "after ..."."""
     if epoch == 0:
         return "at the start" if after else "start"
     if epoch == int(epoch):
@@ -209,8 +208,7 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
 
 
 class AttentionChart:
-    """``attention_figure`` of one sentence drawn once without its weights and texts, which each image then draws on
-    the saved rest (blitting): a full draw's pixels at a fraction of its cost."""
+    """``attention_figure`` drawn once without its weights and texts, then only those on the saved rest (blitting)."""
 
     def __init__(self, labels: list[str], n_heads: int):
         T = len(labels)

@@ -13,32 +13,25 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from torch.utils.tensorboard import SummaryWriter
 
-from gpt_lit.diagnostics.figures import Chart, draw_losses
-from gpt_lit.diagnostics.probe import ValidationStep, log_at, show, tensorboards
+from gpt_lit.diagnostics.figures import draw_losses
+from gpt_lit.diagnostics.probe import History, ValidationStep, log_at, show, tensorboards
 
 
-class ChapterFigures(ValidationStep):
+class ChapterFigures(History):
     def __init__(self) -> None:
         """``figures/losses``: the module's ``last_validation`` losses so far and the unigram floor, as the chapter."""
-        self.epochs: list[dict[str, Any]] = []  # one per validation: {"epoch", "step", "train", "val"}
-        self.chart = Chart()
+        super().__init__()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the module's on_validation_epoch_end: its results are this validation's.
         if not self.fitting(trainer) or not trainer.is_global_zero:
             return
         results = getattr(pl_module, "last_validation", None) or {}
-        self.epochs.append({"epoch": self.epoch, "step": self.step, "train": results.get("loss/train"),
+        self.history.append({"epoch": self.epoch, "step": self.step, "train": results.get("loss/train"),
                             "val": results.get("loss/val")})  # fmt: skip
         floor, residual = getattr(trainer.datamodule, "unigram_floor", None), pl_module.model.cfg.residual
         show(trainer, "figures/losses", self.step, self.chart,
-             lambda ax: draw_losses(ax, self.epochs, floor, residual), legend=False)  # fmt: skip
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = list(state_dict.get("epochs", []))
+             lambda ax: draw_losses(ax, self.history, floor, residual), legend=False)  # fmt: skip
 
 
 def chart_layout() -> dict[str, dict[str, list]]:
@@ -107,8 +100,7 @@ def hparams_summary(tag: str, **data: Any) -> Summary:
 
 
 def experiment_summary(settings: dict[str, bool | float | str], first: list[str] = ()) -> Summary:
-    """The table's columns, those in ``first`` marked as differing (shown first): no builder of torch's or TensorBoard's
-    marks them."""
+    """The table's columns, those in ``first`` marked as differing (no builder of torch's or TensorBoard's can)."""
     types = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
     experiment = api_pb2.Experiment(
         hparam_infos=[
@@ -129,8 +121,7 @@ def session_end_summary(status: int) -> Summary:
 
 
 def add_summaries(trainer: L.Trainer, *summaries: Summary) -> None:
-    """``summaries`` into every TensorBoard writer's event file (SummaryWriter has no call that adds one), flushed; a
-    writer Lightning closed after an earlier run of the Trainer (``validate``, then ``fit``) into a new file."""
+    """``summaries`` into every TensorBoard writer's event file, flushed (a new file where Lightning closed it)."""
     for writer in tensorboards(trainer):
         closed = writer.file_writer is None
         into = SummaryWriter(writer.get_logdir()) if closed else writer
@@ -145,8 +136,7 @@ class RunsTable(ValidationStep):
         (the lowest ``loss/val`` so far); other loggers (CSV) get the settings through ``log_hyperparams``.
 
         Args:
-            first: The settings shown first (TensorBoard shows five columns until more are ticked); default
-                n_layers, residual, lr, precision, seed_everything: what the chapter's runs vary.
+            first: The settings shown first (TensorBoard shows five columns); default: what the chapter's runs vary.
         """
         self.first = list(first or ["n_layers", "residual", "lr", "precision", "seed_everything"])
         self.best: float | None = None

@@ -6,8 +6,8 @@ import lightning as L
 import torch
 from torchmetrics import Metric
 
-from gpt_lit.diagnostics.figures import Chart, draw_positions
-from gpt_lit.diagnostics.probe import ValidationStep, show
+from gpt_lit.diagnostics.figures import draw_positions
+from gpt_lit.diagnostics.probe import History, show
 
 
 class PositionMeans(Metric):
@@ -29,7 +29,7 @@ class PositionMeans(Metric):
         return self.sum / self.count
 
 
-class PositionLoss(ValidationStep):
+class PositionLoss(History):
     def __init__(self, positions: list[int] = [1, 8, 32, 128]):  # noqa: B006 (read only; a list for the YAML)
         """``loss_by_position/<p>`` and ``figures/loss_by_position``: the validation set's loss at each position, from
         the ``token_losses`` each ``validation_step`` returns (no pass of its own).
@@ -37,9 +37,8 @@ class PositionLoss(ValidationStep):
         Args:
             positions: The positions (1 .. context_length) logged as scalars.
         """
+        super().__init__()
         self.positions = list(positions)
-        self.chart = Chart()
-        self.history: list[dict[str, Any]] = []  # {"step", "epoch", "losses"}; in checkpoints
         self.means: PositionMeans | None = None  # this validation's sums by position, where the module's tensors are
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -63,9 +62,3 @@ class PositionLoss(ValidationStep):
         floor = getattr(trainer.datamodule, "unigram_floor", None)
         show(trainer, "figures/loss_by_position", self.step, self.chart,
              lambda ax: draw_positions(ax, self.history, floor, trainer.max_epochs))  # fmt: skip
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))

@@ -57,15 +57,30 @@ class ValidationStep(Callback):
         return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
 
 
-class Probe(ValidationStep):
+class History(ValidationStep):
+    """A diagnostic whose figure (``chart``) draws every measurement so far (``history``, kept in checkpoints, so a
+    resumed run's figure is whole)."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.chart = Chart()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+
+
+class Probe(History):
     """Runs ``probe`` (measure, draw, return the scalars) on the first ``num_sequences`` validation windows after every
     validation of ``fit`` and, with ``at_start``, at step 0 of a fresh run; not where parameters are sharded."""
 
     at_start = True
 
     def __init__(self, num_sequences: int):
+        super().__init__()
         self.num_sequences = num_sequences
-        self.history: list[dict[str, Any]] = []  # a point per measurement, in checkpoints: figures resume whole
         self.active = True
 
     def probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> dict[str, float]:
@@ -89,9 +104,3 @@ class Probe(ValidationStep):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.active and self.fitting(trainer) and trainer.loggers:  # every process: same weights, windows, values
             pl_module.log_dict(self.probe(trainer, pl_module, self.step, self.epoch), sync_dist=True)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))
