@@ -1,8 +1,7 @@
-"""The chapter's diagnostics: what TensorBoard shows of a run (docs/tensorboard.md), each a small Lightning Callback
-that a config lists in ``trainer.callbacks`` as ``gpt_lit.diagnostics.X``. Each measures with ``gpt_lit.measure``,
-logs its scalars with ``pl_module.log`` from a validation hook and hands its figures (``figures.py``) to the
-TensorBoard logger's writer; ``probe.py`` holds what they share. They import torch, Lightning, matplotlib,
-TensorBoard and the chapter's modules (gpt_lit/*.py), never gpt_lit/run/."""
+"""The chapter's diagnostics (docs/tensorboard.md), each a small Lightning Callback a config lists in
+``trainer.callbacks`` as ``gpt_lit.diagnostics.X``: it measures with ``gpt_lit.measure``, logs scalars with
+``pl_module.log`` from a validation hook and figures (``figures.py``) through the TensorBoard writer; ``probe.py``
+holds what they share. They import torch, Lightning, matplotlib, TensorBoard and gpt_lit/*.py, never gpt_lit/run/."""
 
 from gpt_lit.diagnostics.attention import AttentionMaps
 from gpt_lit.diagnostics.blocks import BlockGradNorms, LogitLens, PositionSimilarity, ResidualStream

@@ -35,10 +35,8 @@ class BlockGradNorms(ValidationStep):
         self.norms = None
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
-        if self.sharded:
-            return
-        grads = [blk.get_parameter(self.param).grad for blk in pl_module.model.blocks]
-        if any(g is None for g in grads):
+        grads = [] if self.sharded else [blk.get_parameter(self.param).grad for blk in pl_module.model.blocks]
+        if not grads or any(g is None for g in grads):
             return
         norms = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])  # blocks 1 .. N
         for i, norm in enumerate(norms, 1):
@@ -73,13 +71,7 @@ class PositionSimilarity(Probe):
 
 
 class ResidualStream(Probe):
-    def __init__(self, num_sequences: int = 4):
-        """``stream/rms/*`` (the stream's RMS), ``stream/update/*`` (``measure.update_ratios``) and their figure.
-
-        Args:
-            num_sequences: How many validation windows to measure on (a fixed batch).
-        """
-        super().__init__(num_sequences)
+    """``stream/rms/*``: the stream's RMS; ``stream/update/*``: ``measure.update_ratios``; their figure by block."""
 
     def probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, epoch: float) -> dict[str, float]:
         record = self.record(pl_module)
@@ -88,9 +80,8 @@ class ResidualStream(Probe):
         point = {"step": step, "epoch": epoch, "embeddings": measure.batch_rms(embeddings).item(),
                  "rms": measure.batch_rms(rms).tolist(), "attn": attn, "ffn": ffn}  # fmt: skip
         self.history.append(point)
-        residual = pl_module.model.cfg.residual
         show(trainer, "figures/stream_by_block", step, self.chart,
-             lambda ax: draw_stream(ax, self.history, residual, trainer.max_epochs))  # fmt: skip
+             lambda ax: draw_stream(ax, self.history, pl_module.model.cfg.residual, trainer.max_epochs))  # fmt: skip
         metrics = {"stream/rms/embeddings": point["embeddings"]}
         for i, (rms, a, f) in enumerate(zip(point["rms"], attn, ffn, strict=True), 1):
             metrics |= {f"stream/rms/block_{i}": rms, f"stream/update/attn_{i}": a, f"stream/update/ffn_{i}": f}

@@ -180,9 +180,8 @@ def text_inches(text: str) -> float:
 def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: float, step: int | None = None):
     """One block's (n_heads, T, T) weights, queries down, keys across, tokens as plain texts (cheaper than ticks)."""
     n_heads, T = weights.shape[0], weights.shape[-1]
-    gap = 2  # blank columns between heads
+    gap, cell = 2, 0.15  # blank columns between heads, inches per token
     image = heads_image(weights, gap)
-    cell = 0.15  # inches per token
     left, right, top, bottom = 1.0, 1.1, 0.7, 1.0
     widest_when = max(text_inches(when(999, after=True)), text_inches(when(998.5, 999_999)))
     band = max(image.shape[1] * cell, text_inches(attention_title(99)) + 0.3 + widest_when)  # room for both texts

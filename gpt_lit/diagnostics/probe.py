@@ -78,7 +78,12 @@ class Probe(History):
 
     at_start = True
 
-    def __init__(self, num_sequences: int):
+    def __init__(self, num_sequences: int = 4):
+        """Measure on the first ``num_sequences`` validation windows.
+
+        Args:
+            num_sequences: How many validation windows to measure on (a fixed batch).
+        """
         super().__init__()
         self.num_sequences = num_sequences
         self.active = True
