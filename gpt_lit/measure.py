@@ -31,16 +31,10 @@ def record_blocks(model: GPT, idx: torch.Tensor) -> BlockRecord:
     def keep(name: str, use_input: bool):
         return lambda _m, args, out: getattr(record, name).append(args[0] if use_input else out)
 
-    hooks = []
-    for blk in model.blocks:
-        hooks += [
-            blk.norm1.register_forward_hook(keep("attn_in", True)),
-            blk.norm1.register_forward_hook(keep("attn_x", False)),
-            blk.attn.register_forward_hook(keep("attn_out", False)),
-            blk.norm2.register_forward_hook(keep("ffn_in", True)),
-            blk.ffn.register_forward_hook(keep("ffn_out", False)),
-            blk.register_forward_hook(keep("block_out", False)),
-        ]
+    taps = {"attn_in": ("norm1", True), "attn_x": ("norm1", False), "attn_out": ("attn", False),
+            "ffn_in": ("norm2", True), "ffn_out": ("ffn", False), "block_out": ("", False)}  # fmt: skip
+    hooks = [blk.get_submodule(module).register_forward_hook(keep(name, use_input))  # the module's input or output
+             for blk in model.blocks for name, (module, use_input) in taps.items()]  # fmt: skip
     try:
         model.hidden_states(idx)
     finally:

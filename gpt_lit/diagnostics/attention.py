@@ -16,9 +16,8 @@ def token_labels(ids: list[int]) -> list[str]:
 
 class AttentionMaps(Probe):
     def __init__(self, num_tokens: int = 24, num_sequences: int = 4):
-        """Images ``attention/block_N``: every head's weights on the first validation window's first tokens; scalars
-        ``attention/entropy/block_N``: the rows' mean entropy in nats (lower is sharper), at the start and after every
-        validation of ``fit`` (docs/inside_the_block.md).
+        """Images ``attention/block_N``: each head's weights on the first validation window's first tokens; scalars
+        ``attention/entropy/block_N``: the rows' mean entropy in nats, lower is sharper (docs/inside_the_block.md).
 
         Args:
             num_tokens: How many tokens of the first validation window the images show.

@@ -158,10 +158,9 @@ def heads_image(weights: torch.Tensor, gap: int = 2) -> np.ndarray:
     """(n_heads, T, T) weights side by side in one (T, n_heads * (T + gap) - gap) array, NaN (white) elsewhere."""
     n_heads, T = weights.shape[0], weights.shape[-1]
     image = np.full((T, n_heads * (T + gap) - gap), np.nan)
+    past = np.tri(T, dtype=bool)  # the keys up to each query; the masked future stays NaN
     for h in range(n_heads):
-        head = weights[h].float().numpy().copy()
-        head[np.triu_indices(T, 1)] = np.nan
-        image[:, h * (T + gap) : h * (T + gap) + T] = head
+        image[:, h * (T + gap) : h * (T + gap) + T] = np.where(past, weights[h].float().numpy(), np.nan)
     return image
 
 
@@ -172,9 +171,8 @@ def attention_title(block: int) -> str:
 @functools.cache
 def text_inches(text: str) -> float:
     """The width, in inches, of ``text`` in the figure's title font (matplotlib's "large")."""
-    scratch = Figure(dpi=100)
-    renderer = FigureCanvasAgg(scratch).get_renderer()
-    return scratch.text(0, 0, text, fontsize="large").get_window_extent(renderer).width / 100
+    scratch = FigureCanvasAgg(Figure(dpi=100)).figure  # on an Agg canvas, as add_figure draws
+    return scratch.text(0, 0, text, fontsize="large").get_window_extent(scratch.canvas.get_renderer()).width / 100
 
 
 def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: float, step: int | None = None):

@@ -13,8 +13,6 @@ from gpt_lit.diagnostics.probe import History, show
 class PositionMeans(Metric):
     """The mean of a per-token value at each position 0 .. n-1 over all sequences: sums and counts, summed under DDP."""
 
-    full_state_update = False
-
     def __init__(self, n: int):
         super().__init__()
         self.add_state("sum", torch.zeros(n), dist_reduce_fx="sum")

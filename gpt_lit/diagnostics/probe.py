@@ -58,8 +58,7 @@ class ValidationStep(Callback):
 
 
 class History(ValidationStep):
-    """A diagnostic whose figure (``chart``) draws every measurement so far (``history``, kept in checkpoints, so a
-    resumed run's figure is whole)."""
+    """A diagnostic whose ``chart`` draws every point so far (``history``, in checkpoints: figures resume whole)."""
 
     def __init__(self) -> None:
         self.history: list[dict[str, Any]] = []
