@@ -1,14 +1,8 @@
-"""FLOPs a step does, and the matmul rate a machine reaches: the two halves of MFU (model FLOPs utilisation).
+"""FLOPs a step does, and the matmul rate a machine reaches: the two halves of MFU (model FLOPs utilisation), counted
+alike by ``scripts/bench.py``, ``scripts/time_run.py`` and the ``Throughput`` callback. N is the weights that do
+matmuls (``matmul_params``) or, given, every parameter; the peak is the rate of a square ``torch.mm``."""
 
-``scripts/bench.py``, ``scripts/time_run.py`` and the ``Throughput`` callback count the same way:
-training 6 N + 12 n_layers T emb_dim per token (forward 2 N, backward 4 N; the second term is attention's scores
-and weighted sums over all T positions, as in the PaLM paper), evaluation 2 N + 4 n_layers T emb_dim, with N the
-weights that do matmuls (``matmul_params``) or, given, every parameter. The peak is the rate of a square
-(n x n) @ (n x n) ``torch.mm`` in the dtype the matmuls run in.
-"""
-
-from __future__ import annotations
-
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -24,10 +18,8 @@ def matmul_params(cfg: GPTConfig) -> int:
 
 
 def train_flops_per_token(cfg: GPTConfig, seq_len: int, n_params: int | None = None) -> int:
-    """6 N (forward 2N, backward 4N) + 12 n_layers T emb_dim (attention scores and weighted sums).
-
-    N is ``n_params`` when given (e.g. every parameter), else the matmul weights (``matmul_params``).
-    """
+    """6 N (forward 2 N, backward 4 N) + 12 n_layers T emb_dim (attention's scores and weighted sums over T positions,
+    as in the PaLM paper)."""
     n = matmul_params(cfg) if n_params is None else n_params
     return 6 * n + 12 * cfg.n_layers * seq_len * cfg.emb_dim
 
@@ -68,3 +60,14 @@ def matmul_peak(
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
     return flops / statistics.median(times[1:])
+
+
+SLOW = 5e9  # FLOP/s: a dtype without a fast kernel on the device (bf16 on a CPU without bf16 units) runs below it
+
+
+@functools.cache
+def measured_peak(device: torch.device, dtype: torch.dtype, threads: int) -> float:
+    """``matmul_peak`` of a 2048 x 2048 ``torch.mm`` with torch's ``threads``, the median of 3 (of one 512 x 512 one
+    where that runs below ``SLOW``: a 2048 x 2048 one would take minutes); once per process."""
+    small = matmul_peak(device, dtype, n=512, reps=1)
+    return small if small < SLOW else matmul_peak(device, dtype, reps=3)

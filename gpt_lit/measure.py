@@ -1,13 +1,5 @@
-"""The chapter's measurements of a model, as plain functions: what each block reads and writes, the attention
-weights and their entropy, the size of the residual stream and of each sub-layer's write, the logit lens, each
-token's loss, the similarity between positions, the loss by position and the unigram floor.
-
-They take a ``GPT`` and token IDs (or what ``record_blocks`` recorded of one pass) and return tensors; none needs
-a Trainer, so a notebook calls them on a model loaded from ``last.ckpt``. The diagnostics (gpt_lit/diagnostics/)
-log and draw what these return. Torch and the chapter's model only: nothing of Lightning here.
-"""
-
-from __future__ import annotations
+"""The chapter's measurements as plain functions of a ``GPT`` and token IDs (or ``record_blocks``' record of a pass),
+without a Trainer (a notebook calls them on ``last.ckpt``'s model); torch and the chapter's model only."""
 
 from dataclasses import dataclass, field
 
@@ -33,23 +25,16 @@ class BlockRecord:
 
 @torch.no_grad()
 def record_blocks(model: GPT, idx: torch.Tensor) -> BlockRecord:
-    """One pass of ``model.hidden_states`` on the token IDs ``idx`` (B, T), with forward hooks on every block, its
-    norms, its attention and its feed-forward; in whatever mode the model is in (eval: no dropout)."""
+    """One pass of ``model.hidden_states`` on ``idx`` (B, T), recorded by forward hooks, in the model's mode."""
     record = BlockRecord(idx)
 
     def keep(name: str, use_input: bool):
         return lambda _m, args, out: getattr(record, name).append(args[0] if use_input else out)
 
-    hooks = []
-    for blk in model.blocks:
-        hooks += [
-            blk.norm1.register_forward_hook(keep("attn_in", True)),
-            blk.norm1.register_forward_hook(keep("attn_x", False)),
-            blk.attn.register_forward_hook(keep("attn_out", False)),
-            blk.norm2.register_forward_hook(keep("ffn_in", True)),
-            blk.ffn.register_forward_hook(keep("ffn_out", False)),
-            blk.register_forward_hook(keep("block_out", False)),
-        ]
+    taps = {"attn_in": ("norm1", True), "attn_x": ("norm1", False), "attn_out": ("attn", False),
+            "ffn_in": ("norm2", True), "ffn_out": ("ffn", False), "block_out": ("", False)}  # fmt: skip
+    hooks = [blk.get_submodule(module).register_forward_hook(keep(name, use_input))  # the module's input or output
+             for blk in model.blocks for name, (module, use_input) in taps.items()]  # fmt: skip
     try:
         model.hidden_states(idx)
     finally:
@@ -60,62 +45,50 @@ def record_blocks(model: GPT, idx: torch.Tensor) -> BlockRecord:
 
 @torch.no_grad()
 def attention_weights(model: GPT, record: BlockRecord) -> list[torch.Tensor]:
-    """Each block's attention weights softmax(Q K^T / sqrt(head_dim) + mask), (B, n_heads, T, T) in fp32, from the
-    attention inputs the pass recorded (``CausalSelfAttention.weights``). Row t spreads over positions 0 .. t."""
+    """Each block's softmax(Q K^T / sqrt(head_dim) + mask), (B, n_heads, T, T) in fp32, from the recorded inputs."""
     return [blk.attn.weights(x) for blk, x in zip(model.blocks, record.attn_x, strict=True)]
 
 
 def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Entropy, in nats, of each attention row: -sum_j w_j log w_j (0 log 0 = 0), shape ``weights.shape[:-1]``.
-    0: the row looks at one token; log t: spread evenly over t tokens."""
+    """Each attention row's entropy -sum_j w_j log w_j in nats (0: one token; log t: t tokens evenly)."""
     return -torch.special.xlogy(weights, weights).sum(dim=-1)
 
 
 def token_rms(x: torch.Tensor) -> torch.Tensor:
-    """The root-mean-square of each token's vector, sqrt(mean_c x_c^2): (..., emb_dim) -> (...), in fp32."""
+    """Each vector's root-mean-square sqrt(mean_c x_c^2): (..., emb_dim) -> (...), in fp32."""
     return x.float().square().mean(dim=-1).sqrt()
 
 
 def batch_rms(sizes: torch.Tensor) -> torch.Tensor:
-    """From ``token_rms`` sizes (..., B, T), the RMS of every number of the batch's vectors: (...)."""
+    """From ``token_rms`` sizes (..., B, T), the RMS over the whole batch: (...)."""
     return sizes.square().mean(dim=(-2, -1)).sqrt()
 
 
-@torch.no_grad()
 def stream_sizes(record: BlockRecord) -> torch.Tensor:
-    """The size (RMS, ``token_rms``) of the stream after each block: (n_layers, B, T)."""
+    """The RMS of the stream after each block: (n_layers, B, T)."""
     return torch.stack([token_rms(x) for x in record.block_out])
 
 
-@torch.no_grad()
 def write_sizes(record: BlockRecord) -> tuple[torch.Tensor, torch.Tensor]:
-    """The size (RMS) of what each sub-layer writes: the attention's output and the feed-forward's, (n_layers, B, T)
-    each."""
+    """The RMS of the attention's and the feed-forward's outputs: (n_layers, B, T) each."""
     return torch.stack([token_rms(x) for x in record.attn_out]), torch.stack([token_rms(x) for x in record.ffn_out])
 
 
-@torch.no_grad()
 def update_ratios(record: BlockRecord) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per block, the RMS of each sub-layer's write over the RMS of the stream it reads, over the whole batch:
-    (attention, feed-forward), (n_layers,) each. 0.1: it nudges the stream; 1: it writes as much as is there.
-    Without residuals the write replaces the stream: the ratio is its output's size over its input's."""
-    attn, ffn = (batch_rms(sizes) for sizes in write_sizes(record))
-    read_attn = batch_rms(torch.stack([token_rms(x) for x in record.attn_in]))
-    read_ffn = batch_rms(torch.stack([token_rms(x) for x in record.ffn_in]))
-    return attn / read_attn, ffn / read_ffn
+    """Per block, each sub-layer's write's RMS over the RMS of the stream it reads, over the batch: (n_layers,) each."""
+    reads = (torch.stack([token_rms(x) for x in xs]) for xs in (record.attn_in, record.ffn_in))
+    return tuple(batch_rms(write) / batch_rms(read) for write, read in zip(write_sizes(record), reads, strict=True))
 
 
 @torch.no_grad()
 def lens_logits(model: GPT, record: BlockRecord, block: int) -> torch.Tensor:
-    """The logit lens: the stream after block ``block`` (0-based) read out through the final norm and the head,
-    (B, T, vocab_size). After the last block it is ``model(idx)``."""
+    """The logit lens: the stream after block ``block`` (0-based) through the final norm and the head, (B, T, V)."""
     return model.head(model.final_norm(record.block_out[block]))
 
 
 @torch.no_grad()
 def lens_losses(model: GPT, record: BlockRecord, targets: torch.Tensor) -> torch.Tensor:
-    """Each token's loss against ``targets`` (B, T) when the stream after each block is read out through the final
-    norm and the head: (n_layers, B, T). The last block's row is the model's own ``token_losses``."""
+    """Each token's loss against ``targets`` (B, T) of the logit lens after each block: (n_layers, B, T)."""
     streams = torch.cat([model.final_norm(out).flatten(0, 1) for out in record.block_out])  # (n_layers * B * T, C)
     losses = vocab_blocked_token_losses(streams, model.head.weight, targets.flatten().repeat(len(record.block_out)))
     return losses.view(len(record.block_out), *targets.shape)
@@ -123,14 +96,13 @@ def lens_losses(model: GPT, record: BlockRecord, targets: torch.Tensor) -> torch
 
 @torch.no_grad()
 def token_losses(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Each token's cross-entropy -log softmax(model(idx))[target], (B, T), for the token IDs ``idx`` (B, T)."""
+    """Each token's cross-entropy -log softmax(model(idx))[target]: (B, T)."""
     hidden = model.final_norm(model.hidden_states(idx)).flatten(0, 1)  # (B * T, C)
     return vocab_blocked_token_losses(hidden, model.head.weight, targets.flatten()).view_as(targets)
 
 
 def position_similarity(hidden: torch.Tensor) -> torch.Tensor:
-    """Each sequence's mean cosine similarity over all pairs of different positions i != j: (B, T, C) -> (B,).
-    1: every position is the same vector. The chapter measures it on the stream at the top of the stack."""
+    """Each sequence's mean cosine similarity over pairs of positions i != j: (B, T, C) -> (B,); 1: all alike."""
     T = hidden.shape[1]
     unit = F.normalize(hidden.float(), dim=-1)  # (B, T, C)
     sims = unit @ unit.transpose(1, 2)  # (B, T, T)
@@ -138,14 +110,12 @@ def position_similarity(hidden: torch.Tensor) -> torch.Tensor:
 
 
 def position_means(losses: torch.Tensor) -> torch.Tensor:
-    """The loss at each position, averaged over the sequences: (B, T) -> (T,). Position p (1-based) predicts a
-    window's token p + 1 from its first p tokens."""
+    """The loss at each position (p predicts token p + 1 from p tokens), over the sequences: (B, T) -> (T,)."""
     return losses.float().mean(dim=0)
 
 
 def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
-    """The mean loss over positions 1, 2-3, 4-7, 8-15, ... (the last octave up to the end), at each one's middle
-    (geometric). One position's loss averages one token per window, so it is noisy; an octave's mean is not."""
+    """The mean loss over positions 1, 2-3, 4-7, ... (the last octave to the end), at each one's geometric middle."""
     centres, means, lo = [], [], 1
     while lo <= len(losses):
         hi = 2 * lo - 1
@@ -158,8 +128,7 @@ def octave_means(losses: list[float]) -> tuple[list[float], list[float]]:
 
 
 def unigram_entropy(ids: torch.Tensor) -> float:
-    """The unigram floor: the entropy, in nats, of the token frequencies in ``ids``, -sum p log p over the tokens
-    that occur; the loss of a model that ignores context."""
+    """The unigram floor: the entropy -sum p log p of the token frequencies in ``ids``, in nats."""
     counts = torch.bincount(ids.flatten())
     p = counts[counts > 0].double() / counts.sum()
     return float(-(p * p.log()).sum())

@@ -314,7 +314,7 @@ def test_a_writer_closed_by_an_earlier_run_takes_the_next_runs_records(tmp_path)
     then ``fit``) writes the runs table's rows into the file again, and nothing else."""
     from types import SimpleNamespace
 
-    from gpt_lit.diagnostics.runs_table import add_summaries, session_end_summary
+    from gpt_lit.diagnostics.losses import add_summaries, session_end_summary
 
     logger = TensorBoardLogger(str(tmp_path), name="run")
     trainer = SimpleNamespace(is_global_zero=True, sanity_checking=False, loggers=[logger])

@@ -71,32 +71,32 @@ def test_measuring_the_peak_leaves_the_runs_random_numbers_alone():
 
 def test_the_peak_is_measured_once_per_process_for_each_device_dtype_and_thread_count(monkeypatch):
     # A notebook's (or a test session's) second run reuses the first run's measurement.
-    from gpt_lit.diagnostics import throughput
+    from gpt_lit import flops
 
     measured = []
-    monkeypatch.setattr(throughput, "matmul_peak", lambda device, dtype, n=0, reps=0: measured.append(dtype) or 1e10)
-    throughput.measured_peak.cache_clear()
+    monkeypatch.setattr(flops, "matmul_peak", lambda device, dtype, n=0, reps=0: measured.append(dtype) or 1e10)
+    flops.measured_peak.cache_clear()
     try:
         cpu = torch.device("cpu")
-        assert throughput.measured_peak(cpu, torch.float32, 1) == 1e10
-        throughput.measured_peak(cpu, torch.float32, 1)
-        throughput.measured_peak(cpu, torch.bfloat16, 1)
-        throughput.measured_peak(cpu, torch.float32, 2)
+        assert flops.measured_peak(cpu, torch.float32, 1) == 1e10
+        flops.measured_peak(cpu, torch.float32, 1)
+        flops.measured_peak(cpu, torch.bfloat16, 1)
+        flops.measured_peak(cpu, torch.float32, 2)
         assert measured == [torch.float32] * 2 + [torch.bfloat16] * 2 + [torch.float32] * 2  # a small mm, then 2048
     finally:
-        throughput.measured_peak.cache_clear()
+        flops.measured_peak.cache_clear()
 
 
 def test_a_dtype_without_a_fast_kernel_is_measured_on_a_small_matmul_only(monkeypatch):
     # bf16 on a CPU without bf16 units runs on PyTorch's reference kernel: one 2048 x 2048 mm takes minutes there.
-    from gpt_lit.diagnostics import throughput
+    from gpt_lit import flops
 
     sizes = []
-    rates = {512: throughput.SLOW / 4, 2048: throughput.SLOW / 5}  # the reference kernel's rate falls with n
-    monkeypatch.setattr(throughput, "matmul_peak", lambda device, dtype, n=2048, reps=10: sizes.append(n) or rates[n])
-    throughput.measured_peak.cache_clear()
+    rates = {512: flops.SLOW / 4, 2048: flops.SLOW / 5}  # the reference kernel's rate falls with n
+    monkeypatch.setattr(flops, "matmul_peak", lambda device, dtype, n=2048, reps=10: sizes.append(n) or rates[n])
+    flops.measured_peak.cache_clear()
     try:
-        assert throughput.measured_peak(torch.device("cpu"), torch.bfloat16, 1) == throughput.SLOW / 4
+        assert flops.measured_peak(torch.device("cpu"), torch.bfloat16, 1) == flops.SLOW / 4
         assert sizes == [512]
     finally:
-        throughput.measured_peak.cache_clear()
+        flops.measured_peak.cache_clear()

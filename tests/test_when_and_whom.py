@@ -234,9 +234,9 @@ def test_each_validations_instruments_hold_that_validations_values(run):
         (s, pytest.approx(v, abs=1e-5)) for s, v in val
     ]
     [figures] = [cb for cb in run.trainer.callbacks if isinstance(cb, ChapterFigures)]
-    assert [(p["step"], p["val"]) for p in figures.epochs] == [(s, pytest.approx(v, abs=1e-6)) for s, v in val]
+    assert [(p["step"], p["val"]) for p in figures.history] == [(s, pytest.approx(v, abs=1e-6)) for s, v in val]
     train = scalars.get("loss/train", [])
-    assert [(p["step"], p["train"]) for p in figures.epochs if p["train"] is not None] == [
+    assert [(p["step"], p["train"]) for p in figures.history if p["train"] is not None] == [
         (s, pytest.approx(v, abs=1e-6)) for s, v in train
     ]
     assert steps(train) == (run.val_steps if "--data.eval_train true" in SETTINGS[run.setting][0] else [])
@@ -256,7 +256,7 @@ def test_the_last_validations_lens_is_the_model_at_that_validation(run):
     _, scalars = run.scalars[0]
     [lens] = [cb for cb in run.trainer.callbacks if isinstance(cb, LogitLens)]
     model = run.module.model.eval()
-    x, y = lens.batch(run.module)
+    x, y = lens.inputs, lens.targets  # the probe's fixed validation windows
     expected = lens_losses(model, record_blocks(model, x), y).flatten(1).mean(dim=1).tolist()
     got = [scalars[f"lens/block_{i}"][-1] for i in range(1, N_LAYERS + 1)]
     assert got == [(run.val_steps[-1], pytest.approx(v, abs=1e-5)) for v in expected]

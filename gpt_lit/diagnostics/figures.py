@@ -1,8 +1,5 @@
-"""How the diagnostics' figures are drawn, over plain matplotlib (a bare ``Figure`` on the Agg canvas: no pyplot, no
-GUI backend). Each line chart is one ``Chart``, cleared and drawn again after each validation; the attention image
-is drawn in full once, and after that only its weights and texts (matplotlib's blitting)."""
-
-from __future__ import annotations
+"""The diagnostics' figures over plain matplotlib (a bare ``Figure`` on the Agg canvas): each line chart one figure,
+cleared and drawn again after each validation; the attention image drawn in full once, then blitted."""
 
 import functools
 import math
@@ -19,17 +16,12 @@ from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator, NullLocat
 
 from gpt_lit.measure import octave_means
 
-# The chapter's figure: train solid, validation dashed, one colour per model kind, the floor dotted black.
-RUN_COLOURS = {True: "tab:blue", False: "tab:orange"}  # with residuals / without
-RUN_LABELS = {True: "with residuals", False: "without"}
-FIGSIZE, DPI = (7.0, 4.0), 100  # 700 x 400 pixels: readable at the Images tab's default size
+RUNS = {True: ("tab:blue", "with residuals"), False: ("tab:orange", "without")}  # the chapter's colours and names
 TITLE = {"fontsize": "medium", "y": 1.0}  # y given: matplotlib skips finding room above the axes
 
 
 def when(epoch: float, step: int | None = None, after: bool = False) -> str:
-    """When a measurement was made: "start" (``epoch`` 0), "epoch k" after epoch k (``epoch`` k + 1: epochs count
-    from 0, as the progress bar counts), "epoch k, step s" for a validation within epoch k. With ``after``, as a
-    sentence: "at the start", "after epoch k"."""
+    """When: "start", "epoch k" after epoch k (``epoch`` k + 1), "epoch k, step s" within it; ``after``: "after ..."."""
     if epoch == 0:
         return "at the start" if after else "start"
     if epoch == int(epoch):
@@ -38,10 +30,10 @@ def when(epoch: float, step: int | None = None, after: bool = False) -> str:
 
 
 class Chart:
-    """One line chart's figure, cleared and drawn again after each validation (``axes``)."""
+    """One line chart's 700 x 400 figure, cleared and drawn again after each validation (``axes``)."""
 
     def __init__(self) -> None:
-        self.fig = Figure(figsize=FIGSIZE, dpi=DPI)  # a fixed layout: constrained layout doubles the drawing time
+        self.fig = Figure(figsize=(7.0, 4.0), dpi=100)  # a fixed layout: constrained layout doubles the drawing time
 
     def axes(self, legend: bool = True) -> Any:
         """The emptied figure's one axes; with ``legend``, room at its right for the legend or colour bar."""
@@ -51,20 +43,15 @@ class Chart:
 
 
 def draw_losses(ax: Any, epochs: list[dict[str, Any]], floor: float | None, residual: bool = True) -> None:
-    """Whole-set training and validation loss at each validation against the training step, the floor dotted."""
-    colour, name = RUN_COLOURS[residual], RUN_LABELS[residual]
+    """Whole-set training (solid) and validation (dashed) loss at each validation, the unigram floor dotted."""
+    colour, name = RUNS[residual]
     for key, style, label in (("train", "-", "train"), ("val", "--", "validation")):
-        points = [(e["step"], e[key]) for e in epochs if e.get(key) is not None]
-        if points:
-            steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, style, color=colour, marker="o", markersize=4, label=f"{name}, {label}")
+        if points := [(e["step"], e[key]) for e in epochs if e.get(key) is not None]:
+            ax.plot(*zip(*points, strict=True), style, color=colour, marker="o", markersize=4, label=f"{name}, {label}")
     if floor is not None:
         ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("training step")
-    ax.set_ylabel("loss (nats)")
-    ax.set_title("Loss on the whole training and validation sets, at each validation", **TITLE)
-    ax.grid(alpha=0.3)
+    finish(ax, "training step", "loss (nats)", "Loss on the whole training and validation sets, at each validation")
     ax.legend(loc="upper right", fontsize="small")  # the losses fall from the upper left: that corner stays empty
 
 
@@ -74,52 +61,46 @@ def draw_grad_norms(ax: Any, norms: list[float], step: int) -> None:
     ax.plot(blocks, norms, "-o", color="tab:green")
     ax.set_xticks(blocks)
     ax.set_ylim(0, 1.2 * max(max(norms), 1e-12))  # headroom: the step's label, top left, stays clear of the points
-    ax.set_xlabel("block")
-    ax.set_ylabel("gradient norm (L2) of ffn.fc.weight")
-    ax.set_title("Gradient norm of each block at the latest training step", **TITLE)  # the same each epoch
     ax.text(0.02, 0.96, f"training step {step}", transform=ax.transAxes, va="top", bbox={"fc": "white", "ec": "none"})
-    ax.grid(alpha=0.3)
+    title = "Gradient norm of each block at the latest training step"  # the same each epoch
+    finish(ax, "block", "gradient norm (L2) of ffn.fc.weight", title)
 
 
 def draw_by_block(ax: Any, history: list[dict[str, Any]], last: int | None, kind: str, floor: float | None) -> None:
-    """One line per validation so far of ``point["blocks"]`` against depth: ``kind`` "similarity" (between
-    positions) or "lens" (the logit lens's loss, the unigram ``floor`` dotted)."""
+    """One line per validation of ``point["blocks"]`` against depth: ``kind`` "similarity" or "lens" (floor dotted)."""
     for point, colour, label in epoch_lines(history, last):
-        blocks = list(range(1, len(point["blocks"]) + 1))
-        ax.plot(blocks, point["blocks"], "-o", markersize=4, color=colour, label=label)
+        ax.plot(range(1, len(point["blocks"]) + 1), point["blocks"], "-o", markersize=4, color=colour, label=label)
     if history:
         ax.set_xticks(list(range(1, len(history[0]["blocks"]) + 1)))
     if kind == "similarity":
         ax.set_ylim(top=1.02)
         title = "Similarity between positions after each block (1: all positions alike)"
-        finish(ax, "block", "mean cosine similarity between positions", title, epochs=(history, last))
+        finish(ax, "block", "mean cosine similarity between positions", title, history=history, last=last)
     else:
         title = "Logit lens: the loss of the stream after each block, read out by the head"
-        finish(ax, "stream read out after block", "validation loss (nats)", title, floor, epochs=(history, last))
+        finish(ax, "stream read out after block", "validation loss (nats)", title, floor, history=history, last=last)
 
 
 def draw_positions(ax: Any, history: list[dict[str, Any]], floor: float | None, last: int | None) -> None:
-    """Validation loss against position (log scale), per validation: each position faint, each octave's mean
-    (1, 2-3, 4-7, ...) bold; the unigram floor dotted."""
+    """Validation loss against position (log scale) per validation: each position faint, each octave's mean bold."""
     for point, colour, label in epoch_lines(history, last):
         losses = point["losses"]
         ax.plot(range(1, len(losses) + 1), losses, "-", color=colour, linewidth=0.6, alpha=0.35)
-        centres, means = octave_means(losses)
-        ax.plot(centres, means, "-o", color=colour, markersize=4, label=label)
+        ax.plot(*octave_means(losses), "-o", color=colour, markersize=4, label=label)
     ax.set_xscale("log", base=2)
     if history:
         n = len(history[0]["losses"])
-        ax.xaxis.set_major_locator(FixedLocator([p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if p <= n]))
+        ax.xaxis.set_major_locator(FixedLocator([2**k for k in range(11) if 2**k <= n]))
         ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:.0f}")
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlim(1, n)
     title = "Validation loss at each position (faint) and per octave of positions"
     xlabel = "position: tokens of context seen (log scale)"
-    finish(ax, xlabel, "validation loss (nats)", title, floor, epochs=(history, last))
+    finish(ax, xlabel, "validation loss (nats)", title, floor, history=history, last=last)
 
 
 def draw_stream(ax: Any, history: list[dict[str, Any]], residual: bool, last: int | None) -> None:
-    """The stream's RMS against depth (0: the embeddings), one line per validation so far (dark: the start)."""
+    """The stream's RMS against depth (0: the embeddings), one line per validation so far."""
     for point, colour, label in epoch_lines(history, last):
         sizes = [point["embeddings"], *point["rms"]]
         ax.plot(range(len(sizes)), sizes, "-o", markersize=4, color=colour, label=label)
@@ -131,46 +112,42 @@ def draw_stream(ax: Any, history: list[dict[str, Any]], residual: bool, last: in
     ax.yaxis.set_minor_formatter(LogFormatter())  # minor ticks labelled only where the axis spans under a decade
     kind = "the residual stream" if residual else "the stream (no residuals: each block's output)"
     title, xlabel = f"Size of {kind} after each block", "after block (embed: the stream entering block 1)"
-    finish(ax, xlabel, "RMS of the stream (log scale)", title, grid="both", epochs=(history, last))
+    finish(ax, xlabel, "RMS of the stream (log scale)", title, grid="both", history=history, last=last)
 
 
 def epoch_colour(epoch: float, last: int) -> tuple[float, ...]:
-    """The colour of what was measured after ``epoch`` epochs on a scale from the start (dark) to the run's ``last``
-    epoch (light): fixed for the whole run, so an epoch has the same colour in every figure."""
+    """The colour of ``epoch`` on a scale from the start (dark) to the run's ``last`` epoch, in every figure."""
     return colormaps["viridis"](0.9 * epoch / max(last, 1))
 
 
 def last_epoch(history: list[dict[str, Any]], last: int | None) -> int:
-    """The end of the colour scale: the run's last epoch (``trainer.max_epochs``), or the history's if later."""
+    """The end of the colour scale: ``trainer.max_epochs`` (-1 or None: unlimited), or the history's if later."""
     return math.ceil(max([last or 0, *(point["epoch"] for point in history)]))
 
 
 def epoch_lines(history: list[dict[str, Any]], last: int | None) -> list[tuple[dict[str, Any], tuple, str]]:
-    """Each point of ``history`` with its line's colour (up to ``last_epoch``) and name (``when``)."""
+    """Each point of ``history`` with its line's colour and name (``when``)."""
     end = last_epoch(history, last)
     return [(p, epoch_colour(p["epoch"], end), when(p["epoch"], p.get("step"))) for p in history]
 
 
 def finish(ax: Any, xlabel: str, ylabel: str, title: str, floor: float | None = None, grid: str = "major",
-           epochs: tuple[list[dict[str, Any]], int | None] = ([], None)) -> None:  # fmt: skip
-    """The unigram floor dotted (if given, named in a legend right of the axes), the labels, a light grid, and the
-    epochs' colours as a bar right of the axes (a block per epoch: cheaper to draw than a legend of many lines)."""
+           history: list[dict[str, Any]] = (), last: int | None = None) -> None:  # fmt: skip
+    """The labels, a grid, the unigram floor dotted (in a legend), the epochs' colours as a bar (cheaper to draw)."""
     if floor is not None:
         ax.axhline(floor, linestyle=":", color="black", linewidth=1.5, label=f"unigram floor {floor:.3f}")
         ax.legend(handles=ax.lines[-1:], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.set_title(title, **TITLE)
     ax.grid(alpha=0.3, which=grid)
-    history, last = epochs
     if not history:
         return
     first, last = math.floor(min(point["epoch"] for point in history)), last_epoch(history, last)
     top = 0.8 if floor is not None else 0.91  # below the floor's legend, else as high as the axes
-    cax = ax.figure.add_axes((0.775, 0.12, 0.02, top - 0.12))
     numbers = np.arange(first, last + 1)
     cmap = ListedColormap([epoch_colour(int(e), last) for e in numbers])
-    bar = ax.figure.colorbar(ScalarMappable(BoundaryNorm(np.arange(first - 0.5, last + 1.5), cmap.N), cmap), cax=cax)
+    mappable = ScalarMappable(BoundaryNorm(np.arange(first - 0.5, last + 1.5), cmap.N), cmap)
+    bar = ax.figure.colorbar(mappable, cax=ax.figure.add_axes((0.775, 0.12, 0.02, top - 0.12)))
     shown = numbers[:: -(-len(numbers) // 6)]  # at most 6 labelled: start, 1, 3, ...
     bar.set_ticks(shown, labels=[when(int(e)).removeprefix("epoch ") for e in shown])
     bar.ax.tick_params(labelsize="small", length=0)
@@ -178,14 +155,12 @@ def finish(ax: Any, xlabel: str, ylabel: str, title: str, floor: float | None = 
 
 
 def heads_image(weights: torch.Tensor, gap: int = 2) -> np.ndarray:
-    """(n_heads, T, T) weights as one (T, n_heads * (T + gap) - gap) array, heads side by side, NaN (white) in the
-    masked future and in the ``gap`` columns between heads."""
+    """(n_heads, T, T) weights side by side in one (T, n_heads * (T + gap) - gap) array, NaN (white) elsewhere."""
     n_heads, T = weights.shape[0], weights.shape[-1]
     image = np.full((T, n_heads * (T + gap) - gap), np.nan)
+    past = np.tri(T, dtype=bool)  # the keys up to each query; the masked future stays NaN
     for h in range(n_heads):
-        head = weights[h].float().numpy().copy()
-        head[np.triu_indices(T, 1)] = np.nan  # the masked future: white
-        image[:, h * (T + gap) : h * (T + gap) + T] = head
+        image[:, h * (T + gap) : h * (T + gap) + T] = np.where(past, weights[h].float().numpy(), np.nan)
     return image
 
 
@@ -196,22 +171,18 @@ def attention_title(block: int) -> str:
 @functools.cache
 def text_inches(text: str) -> float:
     """The width, in inches, of ``text`` in the figure's title font (matplotlib's "large")."""
-    scratch = Figure(dpi=100)
-    renderer = FigureCanvasAgg(scratch).get_renderer()
-    return scratch.text(0, 0, text, fontsize="large").get_window_extent(renderer).width / 100
+    scratch = FigureCanvasAgg(Figure(dpi=100)).figure  # on an Agg canvas, as add_figure draws
+    return scratch.text(0, 0, text, fontsize="large").get_window_extent(scratch.canvas.get_renderer()).width / 100
 
 
 def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch: float, step: int | None = None):
-    """One block's heads side by side: (n_heads, T, T) weights, queries down, keys across, the tokens as labels;
-    one image of all heads (white: the masked future) and plain text labels (no tick objects: cheaper to draw).
-    The band over the image makes room for the widest title and "when" (block 99, epoch 999, step 999,999)."""
+    """One block's (n_heads, T, T) weights, queries down, keys across, tokens as plain texts (cheaper than ticks)."""
     n_heads, T = weights.shape[0], weights.shape[-1]
-    gap = 2  # blank columns between heads
+    gap, cell = 2, 0.15  # blank columns between heads, inches per token
     image = heads_image(weights, gap)
-    cell = 0.15  # inches per token
     left, right, top, bottom = 1.0, 1.1, 0.7, 1.0
     widest_when = max(text_inches(when(999, after=True)), text_inches(when(998.5, 999_999)))
-    band = max(image.shape[1] * cell, text_inches(attention_title(99)) + 0.3 + widest_when)
+    band = max(image.shape[1] * cell, text_inches(attention_title(99)) + 0.3 + widest_when)  # room for both texts
     width, height = left + band + right, top + T * cell + bottom
     fig = Figure(figsize=(width, height), dpi=100)
     ax = fig.add_axes((left / width, bottom / height, image.shape[1] * cell / width, T * cell / height))
@@ -234,9 +205,7 @@ def attention_figure(weights: torch.Tensor, labels: list[str], block: int, epoch
 
 
 class AttentionChart:
-    """``attention_figure`` of one sentence drawn in full once without its weights and texts; each image after that
-    draws only those on the saved rest (matplotlib's blitting: ``restore_region``, ``draw_artist``): the same pixels
-    as a full draw, at a fraction of its cost."""
+    """``attention_figure`` drawn once without its weights and texts, then only those on the saved rest (blitting)."""
 
     def __init__(self, labels: list[str], n_heads: int):
         T = len(labels)
@@ -244,11 +213,9 @@ class AttentionChart:
         self.canvas = FigureCanvasAgg(self.fig)
         self.changing = [self.fig.axes[0].images[0], *self.fig.texts]  # the weights, the title, when
         for artist in self.changing:
-            artist.set_visible(False)
+            artist.set_animated(True)  # left out of the full draw
         self.canvas.draw()
         self.background = self.canvas.copy_from_bbox(self.fig.bbox)
-        for artist in self.changing:
-            artist.set_visible(True)
 
     def pixels(self, weights: torch.Tensor, block: int, epoch: float, step: int | None = None) -> np.ndarray:
         """The figure of ``block``'s weights (n_heads, T, T) after ``epoch`` epochs, (height, width, 3) uint8 RGB."""

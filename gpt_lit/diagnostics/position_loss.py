@@ -1,22 +1,17 @@
 """Loss by position: how well the model predicts the next token after 1, 2, ... context_length tokens of context."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning as L
 import torch
 from torchmetrics import Metric
 
-from gpt_lit.diagnostics.figures import Chart, draw_positions
-from gpt_lit.diagnostics.probe import ValidationStep, run_epochs, show
+from gpt_lit.diagnostics.figures import draw_positions
+from gpt_lit.diagnostics.probe import History, show
 
 
 class PositionMeans(Metric):
-    """The mean of a per-token value at each position 0 .. n-1 over every sequence seen, across processes: a sum and
-    a count per position, reduced by summing under DDP, exact however the sequences were split among processes."""
-
-    full_state_update = False
+    """The mean of a per-token value at each position 0 .. n-1 over all sequences: sums and counts, summed under DDP."""
 
     def __init__(self, n: int):
         super().__init__()
@@ -32,24 +27,16 @@ class PositionMeans(Metric):
         return self.sum / self.count
 
 
-class PositionLoss(ValidationStep):
+class PositionLoss(History):
     def __init__(self, positions: list[int] = [1, 8, 32, 128]):  # noqa: B006 (read only; a list for the YAML)
-        """Log the whole validation set's loss at each position of a window, from the evaluation that already runs.
-
-        Position p is the prediction of a window's token p + 1 from its first p tokens. Each validation batch's
-        ``validation_step`` returns every token's loss (``token_losses``, (B, T)); this callback sums them by
-        position as they come and takes the means over processes at the validation's end (``PositionMeans``: exact
-        under DDP); the mean of the per-position losses equals ``loss/val``. After every validation of ``fit``, at
-        the step of its ``loss/val``: the scalars ``loss_by_position/<p>`` for the ``positions`` up to the context
-        length (to every logger), and the image ``figures/loss_by_position``, one line per validation, the unigram
-        floor dotted. No forward pass of its own.
+        """``loss_by_position/<p>`` and ``figures/loss_by_position``: the validation set's loss at each position, from
+        the ``token_losses`` each ``validation_step`` returns (no pass of its own).
 
         Args:
             positions: The positions (1 .. context_length) logged as scalars.
         """
+        super().__init__()
         self.positions = list(positions)
-        self.chart = Chart()
-        self.history: list[dict[str, Any]] = []  # {"step", "epoch", "losses"}; in checkpoints
         self.means: PositionMeans | None = None  # this validation's sums by position, where the module's tensors are
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -70,12 +57,6 @@ class PositionLoss(ValidationStep):
         if not trainer.is_global_zero:
             return
         self.history.append({"step": self.step, "epoch": self.epoch, "losses": losses})
-        last, floor = run_epochs(trainer), getattr(trainer.datamodule, "unigram_floor", None)
+        floor = getattr(trainer.datamodule, "unigram_floor", None)
         show(trainer, "figures/loss_by_position", self.step, self.chart,
-             lambda ax: draw_positions(ax, self.history, floor, last))  # fmt: skip
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))
+             lambda ax: draw_positions(ax, self.history, floor, trainer.max_epochs))  # fmt: skip

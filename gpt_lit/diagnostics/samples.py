@@ -1,7 +1,5 @@
 """What the model writes as it learns: greedy continuations of fixed prompts in TensorBoard's Text tab."""
 
-from __future__ import annotations
-
 import lightning as L
 import torch
 
@@ -12,23 +10,10 @@ from gpt_lit.model import generate
 from gpt_lit.tokenizer import encode, get_tokenizer
 
 
-def sample_markdown(prompt: str, text: str) -> str:
-    """The Text tab's entry: the prompt in bold, then the whole text as one code line, each line break shown as ↵.
-
-    An early model often writes nothing but line breaks; drawn as breaks, its entry would look empty.
-    """
-    return f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"
-
-
 class Samples(ValidationStep):
     def __init__(self, prompts: list[str] | None = None, max_new_tokens: int = 30):
-        """Log each prompt's greedy continuation to the Text tab at the start and after every validation of ``fit``.
-
-        One tag per prompt, ``samples/<prompt>``, one entry per validation at the step of its ``loss/val``, in every
-        TensorBoard logger, so the Text tab shows gibberish turning into Wells. Uses the chapter's ``generate`` (greedy:
-        argmax, no random numbers drawn), in eval mode, then puts the model's training mode back; the global random
-        state is untouched, so resumed runs stay exact. On the main process only; skipped, with one logged line, under
-        strategies that shard the parameters.
+        """Texts ``samples/<prompt>``: each prompt's greedy continuation (the chapter's ``generate``: no random numbers
+        drawn); not under strategies that shard the parameters.
 
         Args:
             prompts: Texts to continue; default "The Time Traveller" and "I saw".
@@ -45,25 +30,23 @@ class Samples(ValidationStep):
 
     @torch.no_grad()
     def continuations(self, pl_module: L.LightningModule) -> list[str]:
-        """Each prompt with its greedy continuation, decoded; the model's training mode is left as it was."""
-        enc, model = get_tokenizer(), pl_module.model
-        was_training = model.training
-        try:
-            rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
-                generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
-                for prompt in self.prompts
-            ]
-            return [enc.decode(row.tolist()) for row in rows]
-        finally:
-            model.train(was_training)  # generate() switches the model to eval mode and leaves it there
+        """Each prompt with its greedy continuation, decoded; the model's training mode left as it was."""
+        model, was_training = pl_module.model, pl_module.model.training
+        rows = [  # the chapter's greedy loop, each prompt alone (tokenized as data.prompts are)
+            generate(model, torch.tensor([encode(prompt)], device=pl_module.device), self.max_new_tokens)[0]
+            for prompt in self.prompts
+        ]
+        model.train(was_training)  # generate() switches the model to eval mode and leaves it there
+        return [get_tokenizer().decode(row.tolist()) for row in rows]
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         writers = tensorboards(trainer)
         if not writers or not self.active:
             return
         for prompt, text in zip(self.prompts, self.continuations(pl_module), strict=True):
+            entry = f"**{prompt}** →\n\n    {text.replace(chr(10), '↵')}"  # one code line: an early model writes only ↵
             for writer in writers:
-                writer.add_text(f"samples/{prompt}", sample_markdown(prompt, text), step)
+                writer.add_text(f"samples/{prompt}", entry, step)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.active = not shards_parameters(trainer, "Samples")
