@@ -1,7 +1,5 @@
 """The book: the copy that ships with gpt_lit, or another (downloaded when missing), stripped of Gutenberg's header."""
 
-from __future__ import annotations
-
 import hashlib
 import os
 import tempfile

@@ -1,8 +1,6 @@
 """The Time Machine as a LightningDataModule: the book cut into training and validation windows, their loaders (each
 epoch's order: ``gpt_lit.epoch_order``) and ``predict``'s prompts (``gpt_lit.prompts``)."""
 
-from __future__ import annotations
-
 import multiprocessing
 from pathlib import Path
 

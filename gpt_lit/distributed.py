@@ -1,7 +1,5 @@
 """What changes when a run spans several processes: which strategies shard the model, and collecting results."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning as L

@@ -1,8 +1,6 @@
 """The order each epoch takes the training windows in (a permutation fixed by ``seed + epoch``, a step taking its next
 ``processes * batch_size``), and the training loader whose state Lightning saves and resumes mid-epoch from."""
 
-from __future__ import annotations
-
 import hashlib
 
 import torch

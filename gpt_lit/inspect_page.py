@@ -2,8 +2,6 @@
 token's loss and top 5 predictions, every head's attention, the logit lens and the residual stream, from measure.py.
 """
 
-from __future__ import annotations
-
 import base64
 import html
 import io

@@ -3,8 +3,6 @@ training loss, the whole-set evaluation and the logit lens. Under autocast the h
 dtype and the softmax in fp32, as ``F.linear`` then ``.float()``.
 """
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 

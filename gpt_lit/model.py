@@ -5,8 +5,6 @@ that order and initialised afterwards, so ``torch.manual_seed(123); GPT(GPTConfi
 For the diagnostics: ``CausalSelfAttention.weights`` and ``GPT.hidden_states`` (the stream before the final norm).
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 

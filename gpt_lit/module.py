@@ -1,7 +1,5 @@
 """Training logic: the chapter's GPT as a LightningModule (loss, optimizer, epoch losses, generation)."""
 
-from __future__ import annotations
-
 import ctypes
 import sys
 from pathlib import Path

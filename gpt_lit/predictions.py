@@ -1,7 +1,5 @@
 """Write what ``predict`` generated to a file beside the run it continues from, and print it."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import lightning as L

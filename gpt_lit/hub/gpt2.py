@@ -2,8 +2,6 @@
 chapter's GPT with other names, and each block's projections ``Conv1D``s, whose weight is ``nn.Linear``'s transposed.
 """
 
-from __future__ import annotations
-
 import torch
 
 from gpt_lit.errors import GptLitError

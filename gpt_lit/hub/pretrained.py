@@ -2,8 +2,6 @@
 layout (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a hub name that
 ``huggingface_hub`` fetches into its cache."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
