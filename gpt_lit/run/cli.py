@@ -71,8 +71,7 @@ class GPTLitCLI(LightningCLI):
             raise GptLitError(refusal((self.plan and self.plan.ckpt_path) or "--ckpt_path", e)) from None
 
     def subcommands(self) -> dict[str, set[str]]:
-        """Lightning's four and ``export``; only the one the command line names, as jsonargparse builds each (slow)
-        parser before it parses."""
+        """Lightning's four and ``export``: only the one named, as jsonargparse builds each (slow) parser first."""
         every = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
         named = self.command_line[0] if self.command_line else None
         return {named: every[named]} if named in every else every
@@ -165,8 +164,7 @@ class GPTLitCLI(LightningCLI):
         self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:
-        """Before the Trainer runs (its logger writes as it starts): the inputs checked, the folders writable, the CSV
-        logs read before Lightning's CSVLogger deletes them (a resume keeps their earlier rows)."""
+        """Before the Trainer writes: the checkpoint and inputs checked, the folders writable, the CSV logs kept."""
         self.check_checkpoint()
         self.datamodule.check_inputs(self.subcommand, self.trainer.world_size)  # one prompt or batch a process
         check_writable(self.trainer)
@@ -201,19 +199,13 @@ def listed(value: Any) -> list[Any]:
 
 
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
-    """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
-    A mistake in the input ends with one ``error:`` line and status 2; a bug with its traceback and status 1."""
-    command_line = list(sys.argv[1:] if args is None else args)
+    """``python -m gpt_lit`` (``args``: in place of argv, ``extra_callbacks``: every run's); exits 2 on bad input."""
     try:
         return GPTLitCLI(
-            GPTLightning,
-            TimeMachineData,
-            trainer_class=ExportingTrainer,
-            args=args,
-            save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
+            GPTLightning, TimeMachineData, trainer_class=ExportingTrainer, args=args,
+            save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate, run and export the GPT of 'The transformer block'."},
-        )
+        )  # fmt: skip
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
@@ -222,7 +214,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         if isinstance(e, (ValueError, TypeError)) and raised_by_lightning(e):
             fail(e)
         traceback.print_exc()
-        command = " ".join(["python -m gpt_lit", *command_line])
+        command = " ".join([PROG, *(sys.argv[1:] if args is None else args)])
         print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
         sys.exit(1)
 

@@ -108,8 +108,7 @@ def nothing_to_read(which: str, what: str, config_given: bool = True) -> GptLitE
 
 
 def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirpath: Path | None = None) -> str:
-    """``--ckpt_path last|best`` in the newest run under ``folder``, or in the config's ModelCheckpoint's
-    ``dirpath``: its last.ckpt, or the best file that last.ckpt names."""
+    """``--ckpt_path last|best``: last.ckpt or the best it names, in ``dirpath``, else in ``folder``'s newest run."""
     run = dirpath
     if dirpath is not None and not (dirpath / "last.ckpt").is_file():
         raise nothing_to_read(which, f"no last.ckpt in {dirpath}, the config's ModelCheckpoint's dirpath")
@@ -167,8 +166,7 @@ def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, ru
 
 
 def continue_run(config: Namespace, run: Path | None) -> None:
-    """A resume with a list of loggers: each goes on in the checkpoint's run folder (the command line gives one
-    logger's version, not each of a list's)."""
+    """A resume with a list of loggers: each goes on in the checkpoint's run (the command line sets one version)."""
     logger = config.trainer.get("logger")
     if run is None or not isinstance(logger, list) or runs_folder(config.trainer) != run.parent:
         return
@@ -188,8 +186,7 @@ def next_run(trainer: Namespace) -> Path | None:
 
 
 def one_folder_per_run(trainer: Namespace) -> list[Namespace]:
-    """Loggers of a list that share a save_dir and name and leave the version to Lightning get one ``version_N``
-    (each would number its own run); returns the ``init_args`` given one."""
+    """Loggers of a list sharing a save_dir and name get one ``version_N`` (each would number its own); returned."""
     shared: dict[Path | None, list[Namespace]] = {}
     for each in trainer.get("logger") if isinstance(trainer.get("logger"), list) else []:
         init = inits(each)

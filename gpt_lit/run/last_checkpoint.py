@@ -22,13 +22,11 @@ CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
 class LastCheckpoint(Checkpoint):
     """Keep ``last.ckpt`` the newest state Lightning's restore resumes exactly, and make Ctrl-C and SIGTERM a save
-    and a stop: Lightning's ``save_last`` saves only where its ModelCheckpoint does, and its SIGTERM handling stops
-    an evaluation half-way.
+    and a stop (Lightning's ``save_last`` saves where its ModelCheckpoint does; its SIGTERM stops an evaluation).
 
-    Saved after a training step no validation follows (when a stop was asked, another checkpoint callback saved, or
-    fit ends), after a validation in ``fit``, and at an epoch's end unless ``max_steps`` is set (its restore counts
-    the epoch twice). A stop raises Lightning's ``SIGTERMException`` once its values are logged; a second Ctrl-C stops
-    at once. A resume into its old folder hides (TensorBoard) and drops (metrics.csv) what the old run logged later.
+    Saved after a step no validation follows (a stop asked, another callback's save, the end of fit), after a
+    validation, at an epoch's end unless ``max_steps`` is set (its restore counts the epoch twice); a stop then
+    raises Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
     """
 
     def __init__(self, dirpath: str | None = None):
@@ -131,8 +129,7 @@ class LastCheckpoint(Checkpoint):
 
     @staticmethod
     def _validates_next(trainer: L.Trainer, batch_idx: int) -> bool:
-        """Whether Lightning validates right after this training step (it has no public way to ask); not for a
-        time-based interval, whose moments no resume repeats."""
+        """Whether Lightning validates right after this step (no public way to ask); no for a time-based interval."""
         every_n_epochs, every = trainer.check_val_every_n_epoch, trainer.val_check_batch
         if not trainer.enable_validation or every_n_epochs and (trainer.current_epoch + 1) % every_n_epochs:
             return False

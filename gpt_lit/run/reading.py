@@ -49,8 +49,7 @@ def refusal(path: str, error: BaseException) -> str:
 
 
 def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], bool]:
-    """The checkpoint at ``path`` (memory-mapped) and whether it needed ``trust`` (a warning says so); a GptLitError
-    when it is missing, unreadable or refused."""
+    """The checkpoint at ``path`` (memory-mapped) and whether it needed ``trust``; a GptLitError if it can't be read."""
     file = Path(path)
     if not file.exists():
         raise GptLitError(f"checkpoint {path} does not exist")
