@@ -100,8 +100,7 @@ class GPTLitCLI(LightningCLI):
         local_folders(config.trainer)  # before the plan looks for a run in them
         self.plan = make_plan(subcommand, config)
         config.trust_checkpoint = False  # given per command, not recorded in config.yaml
-        # LightningCLI would load the checkpoint's hyperparameters over --model.* options (reading the file once
-        # more): the config decides, and before_instantiate_classes gives the path back, resolved.
+        # else LightningCLI reads the file again for its hyperparameters, over --model.*; put back resolved, below
         config.ckpt_path = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -120,8 +119,7 @@ class GPTLitCLI(LightningCLI):
         if plan.subcommand == "fit":
             continue_run(config, plan.run)  # a resume: each logger in the run's folder
             self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
-        # model.init_from fetched (or its error line) before the slow build of the model; on process 0, as nothing
-        # is shared yet (GPTLightning.prepare_data fetches on each node, from the cache by then)
+        # model.init_from fetched (or its error line) on process 0, before the slow build of the model
         if config.get("model.init_from") and not plan.ckpt_path and rank_zero_only.rank == 0:
             fetch(config.get("model.init_from"))
 

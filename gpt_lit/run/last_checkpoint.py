@@ -90,8 +90,7 @@ class LastCheckpoint(Checkpoint):
         self.stop, self._asked, self._stopping, self._taken = None, False, False, set()
 
     def _take_signals(self, *hook_args: Any) -> None:
-        # After Lightning registers its handlers (it puts back the ones from before the run); Ctrl-C only where it
-        # would raise KeyboardInterrupt
+        # after Lightning's (it puts back the ones from before the run); Ctrl-C where it would raise KeyboardInterrupt
         for signum in (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ():
             ours = signum == signal.SIGTERM or signal.getsignal(signum) is signal.default_int_handler
             if signum not in self._taken and ours:
@@ -147,8 +146,7 @@ class LastCheckpoint(Checkpoint):
             return  # gradients accumulated, not yet stepped
         asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
         if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
-            return  # saved after the validation (or the epoch's end) that comes next; a validation that a
-            # callback's request to stop adds (Timer) is not: a resume would not run it
+            return  # saved after the validation or epoch's end that comes next (not one a stop request adds: Timer)
         if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)
             self._stopping = asked
@@ -196,8 +194,7 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._take_signals()
-        # Resumed at step S: a SessionLog START at S (SummaryWriter's purge_step) hides the old run's events from S
-        # on, which this run logs again; two, as TensorBoard's data server purges nothing at a run's first START.
+        # Resumed at step S: SessionLog STARTs at S hide the old run's events from S on (two: the first purges none)
         if trainer.ckpt_path is None or trainer.global_step == 0 or not trainer.is_global_zero:
             return
         for i, rows in self._csv_rows.items():
