@@ -169,10 +169,8 @@ class GPTLitCLI(LightningCLI):
         if self.last_checkpoint is not None:
             self.last_checkpoint.read_csv_logs(self.trainer)
 
-    def before_export(self) -> None:
-        self.check_checkpoint()  # nothing is logged: export writes only to --out
-
     before_fit = before_validate = before_test = before_predict = before_run
+    before_export = check_checkpoint  # nothing is logged: export writes only to --out
 
     def stopped(self, error: SystemExit) -> NoReturn:
         """Ctrl-C or SIGTERM stopped the subcommand: one ``error:`` line saying how to resume, and 130 or 143."""
