@@ -208,7 +208,7 @@ def test_a_stop_finishes_the_step_under_way_saves_and_says_what_stopped_it(tmp_p
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, sigterm)
     assert state(tmp_path / "checkpoints" / "last.ckpt") == (6, 1, 2)
-    assert callback.stopped_by == name and callback.saved_path == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert callback.stop == name and callback.saved_path == str(tmp_path / "checkpoints" / "last.ckpt")
     said = CTRL_C_MESSAGE in capfd.readouterr().err
     assert said == (signum == signal.SIGINT)
 
@@ -514,7 +514,7 @@ def test_under_two_processes_a_stop_asked_of_either_stops_both_for_one_reason(as
     for callback, stop in zip(callbacks, asked, strict=True):
         callback.stop = stop  # as its signal handler sets it
     trainers = [SimpleNamespace(world_size=2, strategy=OneOfTwo(meeting, rank)) for rank in range(2)]
-    agreed = on_two_processes(*(partial(c._agreed, t) for c, t in zip(callbacks, trainers, strict=True)))
+    agreed = on_two_processes(*(partial(c._ask, t) for c, t in zip(callbacks, trainers, strict=True)))
     assert agreed == [told is not None] * 2 and [c.stop for c in callbacks] == [told, told]
 
 

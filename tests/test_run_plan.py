@@ -1,4 +1,4 @@
-"""The run plan (gpt_lit/run/plan.py): ``--ckpt_path`` resolved and its file read once, before anything is built;
+"""The run plan (gpt_lit/run/folders.py): ``--ckpt_path`` resolved and its file read once, before anything is built;
 the CLI and the model only read the plan."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from jsonargparse import Namespace
 from gpt_lit.model import GPTConfig
 from gpt_lit.module import GPTLightning
 from gpt_lit.run.cli import main
-from gpt_lit.run.plan import make_plan
+from gpt_lit.run.folders import make_plan
 
 CONFIG = GPTConfig(vocab_size=50257, context_length=32, emb_dim=32, n_heads=2, n_layers=2)
 LOADER_STATE = {"epoch": 0, "steps": 3, "epoch_done": False}
@@ -62,24 +62,23 @@ def test_last_is_the_newest_runs_file_read_once(tmp_path, loads):
     save_run(tmp_path, 0)
     loops = {"fit_loop": {"state_dict": {"combined_loader": [LOADER_STATE]}}}  # where Lightning saves it
     path, state = save_run(tmp_path, 1, loops=loops)
-    plan = make_plan("fit", fit_config(tmp_path, "last"), ("fit", "--ckpt_path", "last"))
-    assert (plan.given, plan.ckpt_path, plan.run) == ("last", str(path), path.parent.parent)
+    plan = make_plan("fit", fit_config(tmp_path, "last"))
+    assert (plan.subcommand, plan.ckpt_path, plan.run) == ("fit", str(path), path.parent.parent)
     assert loads == [str(path)]  # one read, of that file
-    assert plan.weights_only and not plan.trusted and plan.resumes and plan.weights_from_checkpoint
+    assert plan.weights_only
     # what the checks before the restore need, as the file has it
     assert plan.contents.shapes == {k: tuple(v.shape) for k, v in state.items()}
     assert plan.contents.config == vars(CONFIG) and plan.contents.data_state == LOADER_STATE
-    assert plan.command_line == ("fit", "--ckpt_path", "last")
 
 
 def test_a_file_only_lightning_reads_is_not_read(tmp_path, loads):
     plan = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt"))
     assert loads == [] and plan.contents is None and plan.run is None
-    assert plan.ckpt_path == "s3://bucket/x.ckpt" and plan.weights_only and not plan.resumes
+    assert plan.ckpt_path == "s3://bucket/x.ckpt" and plan.weights_only
     trusted = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt", trust=True))
     assert not trusted.weights_only  # Lightning's restore loads it as the user trusts it
     fresh = make_plan("fit", fit_config(tmp_path, None))
-    assert not fresh.weights_from_checkpoint and not fresh.resumes and fresh.contents is None
+    assert fresh.ckpt_path is None and fresh.contents is None
 
 
 def test_validate_reads_the_checkpoint_once_before_lightnings_restore(tmp_path, monkeypatch, loads):
@@ -93,7 +92,7 @@ def test_validate_reads_the_checkpoint_once_before_lightnings_restore(tmp_path, 
         "--model.init_from", str(tmp_path / "no_such_model"), "--ckpt_path", str(path),
     ])  # fmt: skip
     assert [Path(f).name for f in loads] == ["last.ckpt", "last.ckpt"]  # the plan's read, then Lightning's restore
-    assert cli.plan.ckpt_path == str(path) and cli.plan.weights_from_checkpoint
+    assert cli.plan.ckpt_path == str(path)
     restored = cli.model.state_dict()
     assert all(torch.equal(restored[k], v) for k, v in state.items())
 

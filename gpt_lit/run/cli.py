@@ -1,8 +1,5 @@
-"""``python -m gpt_lit {fit,validate,test,predict,export}``: LightningCLI over GPTLightning and TimeMachineData.
-
-Every mistake a user can fix ends with one ``error:`` line on stderr and status 2; Ctrl-C or SIGTERM in ``fit``
-saves ``last.ckpt`` and prints how to resume. What a command does with its checkpoint is the run plan (plan.py).
-"""
+"""``python -m gpt_lit {fit,validate,test,predict,export}``: LightningCLI over GPTLightning and TimeMachineData; a
+mistake a user can fix ends with one ``error:`` line and status 2, a stop of ``fit`` with how to resume."""
 
 from __future__ import annotations
 
@@ -30,22 +27,19 @@ from gpt_lit.hub.export import ExportingTrainer
 from gpt_lit.hub.pretrained import fetch
 from gpt_lit.module import GPTLightning
 from gpt_lit.prompts import read_prompts
+from gpt_lit.run.callbacks import FiniteLoss, RNGState
 from gpt_lit.run.console import quiet_callbacks, quiet_console
-from gpt_lit.run.finite_loss import FiniteLoss
-from gpt_lit.run.folders import PROG, continue_run, local_folders, log_beside_run, one_folder_per_run
+from gpt_lit.run.folders import PROG, continue_run, local_folders, log_beside_run, make_plan, one_folder_per_run
 from gpt_lit.run.last_checkpoint import LastCheckpoint
 from gpt_lit.run.parser import LINKS, ConfigFile, GPTLitParser, shipped_configs
-from gpt_lit.run.plan import RunPlan, make_plan
 from gpt_lit.run.reading import TRUST_HELP, check_architecture, refusal
-from gpt_lit.run.rng_state import RNGState
 from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO
 from gpt_lit.tokenizer import vocab_size
 
 
 def check_writable(trainer: Trainer) -> None:
     """Raise a GptLitError unless the folders the logs and checkpoints go to can be written."""
-    folders = [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]
-    for folder in folders:
+    for folder in [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]:
         try:
             os.makedirs(folder, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
@@ -65,7 +59,7 @@ class GPTLitCLI(LightningCLI):
         self.command_line = tuple(sys.argv[1:] if given is None else given if isinstance(given, list) else ())
         kwargs.setdefault("parser_class", GPTLitParser)
         self.read: list[str] = []  # the config files the parsers read
-        self.plan: RunPlan | None = None
+        self.plan = None  # folders.RunPlan, made as the command line is parsed
         self.last_checkpoint: LastCheckpoint | None = None  # fit's, made in instantiate_trainer
         self.versioned: list[Any] = []  # loggers' init_args given this run's version (one_folder_per_run)
         quiet_console()
@@ -74,11 +68,10 @@ class GPTLitCLI(LightningCLI):
         except SystemExit as e:  # Lightning ends Ctrl-C with sys.exit(1) and SIGTERM with a SIGTERMException
             self.stopped(e)
         except pickle.UnpicklingError as e:  # weights_only refused a checkpoint that Lightning, not the plan, read
-            raise GptLitError(refusal((self.plan and self.plan.given) or "--ckpt_path", e)) from None
+            raise GptLitError(refusal((self.plan and self.plan.ckpt_path) or "--ckpt_path", e)) from None
 
     def subcommands(self) -> dict[str, set[str]]:
-        """Lightning's four and ``export``; only the one the command line starts with, as each parser is slow to
-        build and jsonargparse builds all before it parses (``--help`` or a misspelt one gets all five)."""
+        """Lightning's four and ``export``: only the one named, as jsonargparse builds each (slow) parser first."""
         every = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
         named = self.command_line[0] if self.command_line else None
         return {named: every[named]} if named in every else every
@@ -87,44 +80,37 @@ class GPTLitCLI(LightningCLI):
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
         kwargs.setdefault("prog", PROG)
         kwargs.setdefault("allow_abbrev", False)  # `--model.config.n_layer` is a typo, not `--model.config.n_layers`
-        if issubclass(self.parser_class, GPTLitParser):
-            kwargs.setdefault("read", self.read)
-        parser = self.parser_class(**kwargs)
+        parser = self.parser_class(read=self.read, **kwargs)
         parser.add_argument("-c", "--config", action=ConfigFile, help="A YAML config: a file's path, or the name of a "
                             f"shipped config ({', '.join(shipped_configs())}; '.yaml' optional). A path that exists "
                             "wins over a name.")  # fmt: skip
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if args is None or isinstance(args, list):  # LightningCLI's warns of main's list under pytest's argv
-            self.config = parser.parse_args(args)
-        else:
-            super().parse_arguments(parser, args)
+        self.config = parser.parse_args(args)  # not LightningCLI's, which warns of main's list under pytest's argv
         subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else None
+        if not subcommand:
+            return
+        config = self.config[subcommand]
         if subcommand == "predict":  # the prompts, before anything is read, built or written
             read_prompts(config.get("data.prompts"), config.get("data.prompts_file"))
-        elif config is not None and config.get("model.inspect"):
+        elif config.get("model.inspect"):
             raise GptLitError(f"model.inspect is for predict (a page for each prompt), not {subcommand}: leave it out")
-        if config is not None:
-            check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
-            local_folders(config.trainer)  # before the plan looks for a run in them
-        self.plan = make_plan(subcommand, config, self.command_line)
-        if config is not None:
-            config.trust_checkpoint = False  # given per command, not recorded in config.yaml
-            # LightningCLI would load the checkpoint's hyperparameters over --model.* options (reading the file once
-            # more): the config decides, and before_instantiate_classes gives the path back, resolved.
-            config.ckpt_path = None
+        check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
+        local_folders(config.trainer)  # before the plan looks for a run in them
+        self.plan = make_plan(subcommand, config)
+        config.trust_checkpoint = False  # given per command, not recorded in config.yaml
+        # else LightningCLI reads the file again for its hyperparameters, over --model.*; put back resolved, below
+        config.ckpt_path = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        (context, context_target), (tokenizer, tokenizer_target) = LINKS
-        parser.link_arguments(context, context_target)
-        parser.link_arguments(tokenizer, tokenizer_target, compute_fn=vocab_size)
+        for (source, target), compute_fn in zip(LINKS, (None, vocab_size), strict=True):
+            parser.link_arguments(source, target, compute_fn=compute_fn)
         parser.add_argument("--trust_checkpoint", type=bool, default=False, help=TRUST_HELP)
 
     def before_instantiate_classes(self) -> None:
         plan = self.plan
-        if plan is None or not plan.subcommand:
+        if plan is None:
             return
         config = self.config[plan.subcommand]
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
@@ -133,9 +119,8 @@ class GPTLitCLI(LightningCLI):
         if plan.subcommand == "fit":
             continue_run(config, plan.run)  # a resume: each logger in the run's folder
             self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
-        # model.init_from fetched (or its error line) before the slow build of the model; on process 0, as nothing
-        # is shared yet (GPTLightning.prepare_data fetches on each node, from the cache by then)
-        if config.get("model.init_from") and not plan.weights_from_checkpoint and rank_zero_only.rank == 0:
+        # model.init_from fetched (or its error line) on process 0, before the slow build of the model
+        if config.get("model.init_from") and not plan.ckpt_path and rank_zero_only.rank == 0:
             fetch(config.get("model.init_from"))
 
     def instantiate_classes(self) -> None:
@@ -149,19 +134,17 @@ class GPTLitCLI(LightningCLI):
             init.version = None
         self.datamodule.check_inputs(self.subcommand)  # the book, the prompts: before the Trainer says a word
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
-        callbacks = config.get("callbacks") or []
-        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        callbacks, plugins = (listed(config.get(key)) for key in ("callbacks", "plugins"))
+        self.last_checkpoint = None
         if self.subcommand != "fit" or config.get("enable_checkpointing") is False:
             # off means the config's checkpoint callbacks too (else one reloads its state and warns of its dirpath)
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
             kwargs["enable_checkpointing"] = False
-            self.last_checkpoint = None
         else:
             self.last_checkpoint = LastCheckpoint()
-        callbacks += [FiniteLoss(self.last_checkpoint), *([self.last_checkpoint] if self.last_checkpoint else [])]
+            callbacks.append(self.last_checkpoint)
+        callbacks.append(FiniteLoss(self.last_checkpoint))
         # Atomic saves on a thread beside training, unless --trainer.plugins gives a CheckpointIO that writes
-        plugins = config.get("plugins") or []
-        plugins = list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) and getattr(p, "checkpoint_io", p) for p in plugins):
             plugins = [p for p in plugins if not isinstance(p, CheckpointIO)] + [
                 BackgroundCheckpointIO(AtomicCheckpointIO())]  # fmt: skip
@@ -171,7 +154,7 @@ class GPTLitCLI(LightningCLI):
     def check_checkpoint(self) -> None:
         """The plan's checkpoint fits the model (and a resume the data's order); Lightning loads it as planned."""
         plan = self.plan
-        assert plan is not None and plan.subcommand is not None
+        assert plan is not None
         if plan.contents is not None and plan.ckpt_path:
             check_architecture(plan.ckpt_path, plan.contents, self.model)
             if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch
@@ -179,18 +162,15 @@ class GPTLitCLI(LightningCLI):
         self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:
-        """Before the Trainer runs (its logger writes as it starts): the inputs checked, the folders writable, a
-        resume's CSV logs read before Lightning's CSVLogger deletes them."""
+        """Before the Trainer writes: the checkpoint and inputs checked, the folders writable, the CSV logs kept."""
         self.check_checkpoint()
         self.datamodule.check_inputs(self.subcommand, self.trainer.world_size)  # one prompt or batch a process
         check_writable(self.trainer)
-        if self.plan is not None and self.plan.resumes and self.last_checkpoint is not None:
+        if self.last_checkpoint is not None:
             self.last_checkpoint.read_csv_logs(self.trainer)
 
-    def before_export(self) -> None:
-        self.check_checkpoint()  # nothing is logged: export writes only to --out
-
     before_fit = before_validate = before_test = before_predict = before_run
+    before_export = check_checkpoint  # nothing is logged: export writes only to --out
 
     def stopped(self, error: SystemExit) -> NoReturn:
         """Ctrl-C or SIGTERM stopped the subcommand: one ``error:`` line saying how to resume, and 130 or 143."""
@@ -198,31 +178,30 @@ class GPTLitCLI(LightningCLI):
         if trainer is None or trainer.state.status != TrainerStatus.INTERRUPTED:
             raise error
         last = self.last_checkpoint
-        by = last.stopped_by if last else "SIGTERM" if isinstance(error, SIGTERMException) else "Ctrl-C"
+        by = (last and last.stop) or ("SIGTERM" if isinstance(error, SIGTERMException) else "Ctrl-C")
         how = "; no checkpoint was saved yet: start it again"
         if last is not None and last.saved_path:  # from what LastCheckpoint read at setup (log_dir is a broadcast)
             config = os.path.join(last.log_dir or "", "config.yaml")
-            how = f"; resume with: {PROG} fit" + (f" --config {config}" if os.path.isfile(config) else
-                                                  " <same arguments>") + f" --ckpt_path {last.saved_path}"  # fmt: skip
+            given = f"--config {config}" if os.path.isfile(config) else "<same arguments>"
+            how = f"; resume with: {PROG} fit {given} --ckpt_path {last.saved_path}"
             if isinstance(trainer.logger, TensorBoardLogger) and len(trainer.loggers) == 1:  # (a list: continue_run)
                 how += f" --trainer.logger.init_args.version {last.logger_version}"
         fail(f"{self.subcommand} stopped by {by}{how}", 143 if by == "SIGTERM" else 130)
 
 
+def listed(value: Any) -> list[Any]:
+    """A trainer option that takes one or a list (callbacks, plugins), as a list."""
+    return list(value) if isinstance(value, list) else [value] if value else []
+
+
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:
-    """``python -m gpt_lit``; ``args`` instead of the command line, ``extra_callbacks`` added to every run.
-    A mistake in the input ends with one ``error:`` line and status 2; a bug with its traceback and status 1."""
-    command_line = list(sys.argv[1:] if args is None else args)
+    """``python -m gpt_lit`` (``args``: in place of argv, ``extra_callbacks``: every run's); exits 2 on bad input."""
     try:
         return GPTLitCLI(
-            GPTLightning,
-            TimeMachineData,
-            trainer_class=ExportingTrainer,
-            args=args,
-            save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
+            GPTLightning, TimeMachineData, trainer_class=ExportingTrainer, args=args,
+            save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": [RNGState(), *extra_callbacks]},
             parser_kwargs={"description": "Train, evaluate, run and export the GPT of 'The transformer block'."},
-        )
+        )  # fmt: skip
     except (GptLitError, MisconfigurationException) as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C outside fit/test/predict (while loading, parsing, ...)
@@ -231,7 +210,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         if isinstance(e, (ValueError, TypeError)) and raised_by_lightning(e):
             fail(e)
         traceback.print_exc()
-        command = " ".join(["python -m gpt_lit", *command_line])
+        command = " ".join([PROG, *(sys.argv[1:] if args is None else args)])
         print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
         sys.exit(1)
 

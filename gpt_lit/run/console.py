@@ -1,10 +1,6 @@
-"""What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise.
-
-Dropped, each matched exactly: Lightning's litlogger tip and its note that the Trainer is given a summary callback,
-PyTorch's ``LeafSpec`` FutureWarning (from Lightning's own code), and CSVLogger's "Previous log files ... will be
-deleted" when another logger wrote into the run's one folder first (a resume keeps the rows it deletes). The summary
-leaves out its column of FLOPs where Lightning counts none, the bar the logger's version (``v_num``).
-"""
+"""What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise: Lightning's
+litlogger tip and its note of a summary callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log
+files ... will be deleted" (a resume keeps the rows), the summary's FLOPs and the bar's ``v_num``."""
 
 from __future__ import annotations
 
@@ -17,7 +13,9 @@ import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar, RichModelSummary, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
+from rich import get_console
 from rich.file_proxy import FileProxy
+from rich.table import Table
 
 DROPPED_LOG_LINES = ("💡 Tip: For seamless cloud logging", "Trainer already configured with model summary callbacks")
 DROPPED_WARNINGS = [
@@ -43,22 +41,17 @@ def quiet_console() -> None:
 
 
 class Summary(RichModelSummary):
-    """Lightning's rich model summary, without the FLOPs column and total when there are none to show."""
+    """Lightning's rich model summary without its FLOPs column and total: Lightning counts none for a model without
+    an ``example_input_array``, and has no option to leave them out."""
 
     @staticmethod
     def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
                   model_size: float, total_training_modes: dict[str, int], total_flops: int, **kwargs: Any) -> None:
-        if total_flops:
-            return RichModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
-                                              total_training_modes, total_flops, **kwargs)  # fmt: skip
-        from rich import get_console
-        from rich.table import Table
-
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
         table = Table(header_style=kwargs.get("header_style", "bold magenta"))
         for name, _ in columns:
-            right = name in ("Params", "Params per Device", "In sizes", "Out sizes")
-            table.add_column(name, justify="right" if right else "left", style="dim" if name == " " else None)
+            table.add_column(name, justify="right" if name.startswith("Params") else "left",
+                             style="dim" if name == " " else None)  # fmt: skip
         for row in zip(*(values for _, values in columns), strict=True):
             table.add_row(*row)
         get_console().print(table)
@@ -75,8 +68,8 @@ class Summary(RichModelSummary):
 
 
 class QuietRichProgressBar(RichProgressBar):
-    """Lightning's rich progress bar without ``v_num``, and with Lightning's log lines of a ``fit`` printed above
-    the bar: while it is live, Lightning's handlers write to rich's proxies of the streams they were given."""
+    """Lightning's rich progress bar without ``v_num``, with Lightning's log lines of a ``fit`` printed above it (its
+    handlers write, while the bar is live, to rich's proxies of their streams)."""
 
     _handler_streams: tuple[tuple[logging.StreamHandler, Any], ...] = ()  # (handler, the stream it had)
 

@@ -1,8 +1,9 @@
-"""Run folders: where a config's runs are, the newest run's ``last``/``best`` checkpoint, and where validate, test
-and predict on a run's checkpoint write (``<run>/<subcommand>/<checkpoint>/``, beside what they evaluate)."""
+"""The run plan (what a command does with its checkpoint, decided once as the command line is parsed) and the run
+folders it uses: the newest run's ``last``/``best`` checkpoint, and where validate, test and predict write."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -10,10 +11,34 @@ from pathlib import Path
 from jsonargparse import Namespace
 
 from gpt_lit.errors import GptLitError
-from gpt_lit.run.reading import read_checkpoint
+from gpt_lit.run.reading import TRUST_OPTION, CheckpointContents, contents_of, read_checkpoint
 
 PROG = "python -m gpt_lit"
 LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}  # ckpt_path values that name no file
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    subcommand: str  # fit, validate, test, predict, export
+    ckpt_path: str | None  # what Lightning restores: "last"/"best" resolved to a file
+    weights_only: bool  # how Lightning's restore loads it
+    contents: CheckpointContents | None  # what the file holds (None: only Lightning reads it, e.g. a URL)
+    run: Path | None  # the run folder of <run>/checkpoints/X.ckpt
+
+
+def make_plan(subcommand: str, config: Namespace) -> RunPlan:
+    """The plan of ``subcommand`` from its parsed configuration; a missing or refused checkpoint fails here."""
+    trusted = bool(config.get("trust_checkpoint"))
+    if config.get("weights_only") is False:  # Lightning's option stays parseable (config.yaml has it), not a switch
+        raise GptLitError(f"--weights_only false: to load a checkpoint you trust as code, use {TRUST_OPTION}")
+    path = config.get("ckpt_path")
+    if path in ("last", "best"):
+        path = latest_checkpoint(runs_folder(config.trainer), path, trusted, checkpoints_dirpath(config.trainer))
+    contents, weights_only = None, not trusted  # a file only Lightning reads: loaded as the user trusts it
+    if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
+        ckpt, needed_trust = read_checkpoint(path, trusted)
+        contents, weights_only = contents_of(ckpt), not needed_trust
+    return RunPlan(subcommand, path, weights_only, contents, run_of(path))
 
 
 def inits(value: object) -> list[Namespace]:
@@ -23,8 +48,7 @@ def inits(value: object) -> list[Namespace]:
 
 
 def local_folders(trainer: Namespace) -> None:
-    """The trainer's folders with ``~`` expanded and a ``file://`` URL as its path: Lightning's loggers expand ``~``,
-    the joins beside them do not, and the events, checkpoints and ``--ckpt_path last|best`` must share one folder."""
+    """The trainer's folders as Lightning's loggers read them (``~`` expanded, ``file://`` dropped)."""
 
     def local(path: object) -> object:
         return os.path.expanduser(path.removeprefix("file://")) if isinstance(path, str) else path
@@ -84,16 +108,14 @@ def nothing_to_read(which: str, what: str, config_given: bool = True) -> GptLitE
 
 
 def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirpath: Path | None = None) -> str:
-    """``--ckpt_path last|best``: the newest run's (under ``folder``) last.ckpt, or the best file that last.ckpt
-    names; in ``dirpath`` instead where the config's ModelCheckpoint gives one."""
-    if dirpath is not None:
-        run = dirpath
-        if not (dirpath / "last.ckpt").is_file():
-            raise nothing_to_read(which, f"no last.ckpt in {dirpath}, the config's ModelCheckpoint's dirpath")
-    elif folder is None:
+    """``--ckpt_path last|best``: last.ckpt or the best it names, in ``dirpath``, else in ``folder``'s newest run."""
+    run = dirpath
+    if dirpath is not None and not (dirpath / "last.ckpt").is_file():
+        raise nothing_to_read(which, f"no last.ckpt in {dirpath}, the config's ModelCheckpoint's dirpath")
+    if dirpath is None and folder is None:
         raise GptLitError(f"--ckpt_path {which}: the logger has no save_dir, so there is no run folder to look in; "
                           "give a checkpoint's path")  # fmt: skip
-    else:
+    if dirpath is None:
         runs = sorted((p for p in folder.glob("version_*") if p.is_dir() and version_number(p) >= 0),
                       key=version_number)  # fmt: skip
         if not runs:
@@ -130,8 +152,8 @@ def best_of(last: Path, run: Path, trust: bool) -> str:
 
 
 def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, run: Path | None) -> None:
-    """validate or test on ``<run>/checkpoints/X.ckpt`` log to ``<run>/<subcommand>/X/`` (no new ``version_N``
-    becomes the newest run). predict logs nothing; it writes into ``<run>/predict/X/``, else the next run folder."""
+    """validate or test on ``<run>/checkpoints/X.ckpt`` log to ``<run>/<subcommand>/X/``, so that no new
+    ``version_N`` becomes the newest run; predict logs nothing, writing into ``<run>/predict/X/`` or the next run."""
     if subcommand == "predict":
         folder = run / "predict" / Path(ckpt_path).stem if run and ckpt_path else next_run(config.trainer)
         config.trainer.logger = False
@@ -144,8 +166,7 @@ def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, ru
 
 
 def continue_run(config: Namespace, run: Path | None) -> None:
-    """A resume with a list of loggers: each goes on in the checkpoint's run folder (one logger's version comes
-    from the command line, which cannot give one to each logger of a list)."""
+    """A resume with a list of loggers: each goes on in the checkpoint's run (the command line sets one version)."""
     logger = config.trainer.get("logger")
     if run is None or not isinstance(logger, list) or runs_folder(config.trainer) != run.parent:
         return
@@ -165,8 +186,7 @@ def next_run(trainer: Namespace) -> Path | None:
 
 
 def one_folder_per_run(trainer: Namespace) -> list[Namespace]:
-    """Loggers of a list that share a save_dir and name and leave the version to Lightning get one ``version_N``
-    (each would number its own run); returns the ``init_args`` given one."""
+    """Loggers of a list sharing a save_dir and name get one ``version_N`` (each would number its own); returned."""
     shared: dict[Path | None, list[Namespace]] = {}
     for each in trainer.get("logger") if isinstance(trainer.get("logger"), list) else []:
         init = inits(each)
@@ -180,8 +200,7 @@ def one_folder_per_run(trainer: Namespace) -> list[Namespace]:
 
 
 def newest_config_runs(base: Path, which: str) -> Path:
-    """The one folder under ``base`` (lightning_logs) that holds ``version_N`` runs: ``base/<name>`` or ``base``;
-    none, or several, is an error."""
+    """The one folder under ``base`` (lightning_logs) that holds ``version_N`` runs: ``base/<name>`` or ``base``."""
     folders = sorted({p.parent for pattern in ("version_*", "*/version_*") for p in base.glob(pattern) if p.is_dir()})
     if not folders:
         raise nothing_to_read(which, f"no run in {base}", config_given=False)

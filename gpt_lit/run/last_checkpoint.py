@@ -21,28 +21,23 @@ CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
 
 class LastCheckpoint(Checkpoint):
-    """Keep ``last.ckpt`` the newest state that Lightning's restore resumes exactly, and turn Ctrl-C and SIGTERM
-    into a save and a stop.
+    """Keep ``last.ckpt`` the newest state Lightning's restore resumes exactly, and make Ctrl-C and SIGTERM a save
+    and a stop (Lightning's ``save_last`` saves where its ModelCheckpoint does; its SIGTERM stops an evaluation).
 
-    Saved only where the restore is exact: after a training step no validation follows, after a validation in
-    ``fit``, and at an epoch's end unless ``max_steps`` is set (its restore counts that epoch twice: the epoch is
-    saved after its last step or validation instead). A step is saved when a stop was asked, when another checkpoint
-    callback saved at it, or when fit ends after it. The first Ctrl-C or a SIGTERM saves at the next such moment and
-    stops with Lightning's ``SIGTERMException`` once its values are logged; a second Ctrl-C stops at once. A resume
-    into its old folder hides, in TensorBoard, and drops, from metrics.csv, what the old run logged after its step.
+    Saved after a step no validation follows (a stop asked, another callback's save, the end of fit), after a
+    validation, at an epoch's end unless ``max_steps`` is set (its restore counts the epoch twice); a stop then
+    raises Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
     """
 
     def __init__(self, dirpath: str | None = None):
-        """``dirpath``: the folder of last.ckpt; default: that of the config's ModelCheckpoint, else Lightning's."""
-        self.dirpath = dirpath
+        self.dirpath = dirpath  # default: the config's ModelCheckpoint's folder, else the one Lightning gives it
         self.path: str | None = None  # <dirpath>/last.ckpt, once fit has started
         self.log_dir: str | None = None
         self.logger_version: int | str | None = None
         self.saved_step: int | None = None  # global step of this process's latest save
         self.stop: str | None = None  # "Ctrl-C" or "SIGTERM" once asked to stop
-        self._asked = False  # the processes agreed to stop
+        self._asked = False  # the processes agreed to stop (_ask)
         self._stopping = False  # last.ckpt saved since: raise at the next hook after the logs
-        self._saving = False
         self._others_saved_at = -1  # global step of another callback's latest save
         self._forced = False  # the validation under way runs because a callback asked fit to stop
         self._taken: set[int] = set()  # the signals this fit's handler was given
@@ -54,7 +49,6 @@ class LastCheckpoint(Checkpoint):
         self.log_dir = trainer.log_dir  # a broadcast: read here for the resume command after a stop
         if trainer.is_global_zero and trainer.logger is not None:
             self.logger_version = trainer.logger.version
-
         self.path = os.path.join(self.dirpath or self._checkpoints_folder(trainer, pl_module), "last.ckpt")
         for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
             if isinstance(callback, ModelCheckpoint) and callback.save_last and (callback.dirpath is None or
@@ -62,7 +56,7 @@ class LastCheckpoint(Checkpoint):
                 callback.save_last = False  # one writer for last.ckpt: else it writes last-v1.ckpt beside
 
     def read_csv_logs(self, trainer: L.Trainer) -> None:
-        """Before a resume: the CSV loggers' ``metrics.csv``, which CSVLogger deletes as it starts, to keep its rows."""
+        """The CSV loggers' ``metrics.csv``, which CSVLogger deletes as it starts: a resume keeps its earlier rows."""
         self._csv_rows = {}
         for i, logger in enumerate(trainer.loggers):
             path = os.path.join(logger.log_dir, "metrics.csv") if isinstance(logger, CSVLogger) else ""
@@ -73,8 +67,8 @@ class LastCheckpoint(Checkpoint):
     @staticmethod
     def _checkpoints_folder(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
         """The folder of the config's ModelCheckpoint (one with a monitor first), else the one Lightning gives one."""
-        ours = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
-        ours.sort(key=lambda cb: not cb.monitor)
+        ours = sorted((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath),
+                      key=lambda cb: not cb.monitor)  # fmt: skip
         if ours:
             return str(ours[0].dirpath)
         probe = ModelCheckpoint(save_top_k=0)  # saves nothing; its setup resolves the folder
@@ -96,28 +90,23 @@ class LastCheckpoint(Checkpoint):
         self.stop, self._asked, self._stopping, self._taken = None, False, False, set()
 
     def _take_signals(self, *hook_args: Any) -> None:
-        # After Lightning registers its handlers, so that it puts back the ones from before the run. SIGTERM in place
-        # of Lightning's, which stops an evaluation half-way; Ctrl-C only where it would raise KeyboardInterrupt.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.SIGINT not in self._taken and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._on_signal)
-            self._taken.add(signal.SIGINT)
-        if signal.SIGTERM not in self._taken:
-            signal.signal(signal.SIGTERM, self._on_signal)
-            self._taken.add(signal.SIGTERM)
+        # after Lightning's (it puts back the ones from before the run); Ctrl-C where it would raise KeyboardInterrupt
+        for signum in (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ():
+            ours = signum == signal.SIGTERM or signal.getsignal(signum) is signal.default_int_handler
+            if signum not in self._taken and ours:
+                signal.signal(signum, self._on_signal)
+                self._taken.add(signum)
 
     on_sanity_check_start = _take_signals
 
-    def _agreed(self, trainer: L.Trainer) -> bool:
+    def _ask(self, trainer: L.Trainer) -> bool:
         """Whether any process was asked to stop (every process calls this at the same points)."""
-        if trainer.world_size == 1:
-            return self.stop is not None
-        stop = bool(trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False))
-        if stop:  # the same reason on every process, for the same message and exit status
+        if not self._asked and trainer.world_size == 1:
+            self._asked = self.stop is not None
+        elif not self._asked and trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False):
             sigterm = trainer.strategy.reduce_boolean_decision(self.stop == "SIGTERM", all=False)
-            self.stop = "SIGTERM" if sigterm else "Ctrl-C"
-        return stop
+            self.stop, self._asked = "SIGTERM" if sigterm else "Ctrl-C", True  # one message and status on every process
+        return self._asked
 
     def _raise_if_stopping(self, *hook_args: Any) -> None:
         # last.ckpt saved after a stop and its values logged: Lightning ends the run as stopped, re-raised to the CLI
@@ -125,10 +114,6 @@ class LastCheckpoint(Checkpoint):
             raise SIGTERMException
 
     on_train_batch_start = on_train_epoch_start = on_train_end = _raise_if_stopping
-
-    @property
-    def stopped_by(self) -> str:
-        return self.stop or "Ctrl-C"
 
     @staticmethod
     def _epoch_ran_out(trainer: L.Trainer) -> bool:
@@ -143,8 +128,7 @@ class LastCheckpoint(Checkpoint):
 
     @staticmethod
     def _validates_next(trainer: L.Trainer, batch_idx: int) -> bool:
-        """Whether Lightning validates right after this training step (it has no public way to ask); a time-based
-        interval validates at moments no resume repeats, so the state after a step is taken as exact."""
+        """Whether Lightning validates right after this step (no public way to ask); no for a time-based interval."""
         every_n_epochs, every = trainer.check_val_every_n_epoch, trainer.val_check_batch
         if not trainer.enable_validation or every_n_epochs and (trainer.current_epoch + 1) % every_n_epochs:
             return False
@@ -153,13 +137,8 @@ class LastCheckpoint(Checkpoint):
         done = trainer.fit_loop.total_batch_idx if every_n_epochs is None else batch_idx
         return isinstance(every, int) and (done + 1) % every == 0
 
-    def _ask(self, trainer: L.Trainer) -> bool:
-        self._asked = self._asked or self._agreed(trainer)
-        return self._asked
-
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if not self._saving:
-            self._others_saved_at = trainer.global_step
+        self._others_saved_at = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         ran_out = self._epoch_ran_out(trainer)
@@ -167,8 +146,7 @@ class LastCheckpoint(Checkpoint):
             return  # gradients accumulated, not yet stepped
         asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
         if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
-            return  # saved after the validation (or the epoch's end) that comes next; a validation that a
-            # callback's request to stop adds (Timer) is not: a resume would not run it
+            return  # saved after the validation or epoch's end that comes next (not one a stop request adds: Timer)
         if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
             self.save(trainer)
             self._stopping = asked
@@ -196,17 +174,15 @@ class LastCheckpoint(Checkpoint):
         if self.path is None or trainer.sanity_checking or trainer.fast_dev_run:
             return
         self._raise_a_failed_save(trainer)  # another callback's: last.ckpt must not name its file as saved
-        self._saving = True
-        try:
-            trainer.save_checkpoint(self.path, weights_only=False)
-        finally:
-            self._saving = False
+        others = self._others_saved_at  # its on_save_checkpoint in this save is not another callback's
+        trainer.save_checkpoint(self.path, weights_only=False)
+        self._others_saved_at = others
         if trainer.world_size > 1:
             self._raise_a_failed_save(trainer)
         self.saved_step = trainer.global_step
 
     def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
-        """On every process (one broadcast), the error of a save that found no room on process 0, which writes."""
+        """On every process (a broadcast), the error of a save that found no room on process 0, which writes."""
         io = trainer.strategy.checkpoint_io
         if trainer.world_size > 1 and isinstance(io, BackgroundCheckpointIO):
             io.wait()
@@ -218,8 +194,7 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._take_signals()
-        # Resumed at step S: a SessionLog START at S (SummaryWriter's purge_step) hides the old run's events from S
-        # on, which this run logs again; two, as TensorBoard's data server purges nothing at a run's first START.
+        # Resumed at step S: SessionLog STARTs at S hide the old run's events from S on (two: the first purges none)
         if trainer.ckpt_path is None or trainer.global_step == 0 or not trainer.is_global_zero:
             return
         for i, rows in self._csv_rows.items():

@@ -1,6 +1,5 @@
-"""The command line and config files: ``--config`` (a path, or a shipped config's name), a run's own config.yaml
-under validate/test/predict/export, and one ``error:`` line naming the file and line, or the option, a bad key or
-value came from (jsonargparse's messages name the key, not the file)."""
+"""The command line and config files: ``--config`` (a path, or a shipped config's name), a run's own config.yaml, and
+an ``error:`` line naming the file and line, or the option, a bad key came from (jsonargparse's name only the key)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ def shipped_configs() -> dict[str, Path]:
 
 
 def find_config(value: str) -> str:
-    """``--config``'s value as a file: an existing path as given, else the shipped config of that name
-    (``residual``, ``residual.yaml``, ``configs/residual.yaml``); inline YAML is left to the parser."""
+    """``--config``'s value as a file: an existing path, else the shipped config of that name (``residual``,
+    ``residual.yaml``, ``configs/residual.yaml``); inline YAML is left to the parser."""
     if Path(value).exists() or not re.fullmatch(r"(configs/)?[\w.-]+", value):
         return value
     name = Path(value).name.removesuffix(".yaml").removesuffix(".yml")
@@ -42,8 +41,8 @@ def find_config(value: str) -> str:
 
 
 class ConfigFile(ActionConfigFile):
-    """jsonargparse's config file action that also takes a shipped config's name, refuses a link's target set in
-    the file (jsonargparse drops it silently), and tells the parser which file it reads, for the error line."""
+    """jsonargparse's config file action that also takes a shipped config's name, refuses a link's target set in the
+    file (jsonargparse drops it silently), and tells the parser which file it reads, for the error line."""
 
     def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
         path = find_config(values)
@@ -73,8 +72,8 @@ def key_line(path: str, key: str) -> str:
 
 
 def error_line(message: str, error: Exception | None, reading: str | None, read: Sequence[str]) -> str:
-    """The ``error:`` line for jsonargparse's ``message``, with where its key came from: the file being read, else
-    for an unknown key the last file of ``read`` that sets it, else the command line."""
+    """The ``error:`` line for jsonargparse's ``message`` and where its key came from: the file being read, else the
+    last file of ``read`` that sets an unknown key, else the command line."""
     cause = error.__cause__ if error is not None else None
     if reading and isinstance(cause, yaml.MarkedYAMLError):  # jsonargparse's "Problems parsing config: ..."
         mark = cause.problem_mark or cause.context_mark
@@ -94,13 +93,12 @@ def error_line(message: str, error: Exception | None, reading: str | None, read:
 
 
 class GPTLitParser(LightningArgumentParser):
-    """jsonargparse's parser with one ``error:`` line in place of the usage (``error_line``); without ``--config``,
-    validate/test/predict/export take the checkpoint's run's config.yaml as defaults (``folders.run_config``)."""
+    """jsonargparse's parser with one ``error:`` line in place of the usage; without ``--config``, a subcommand on a
+    run's checkpoint takes the run's config.yaml as defaults (``folders.run_config``)."""
 
     def __init__(self, *args: Any, read: list[str] | None = None, **kwargs: Any) -> None:
-        """``read``: the config files read so far, shared by the parser and its subcommands'."""
         super().__init__(*args, **kwargs)
-        self.read = [] if read is None else read
+        self.read = [] if read is None else read  # the config files read so far, shared with the subcommands' parsers
         self.reading: str | None = None  # the config file being read
 
     def parse_args(self, args: Any = None, namespace: Any = None, **kwargs: Any) -> Namespace:

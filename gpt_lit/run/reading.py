@@ -1,9 +1,5 @@
-"""Reading a checkpoint before Lightning restores it: there, readable, data only, of the configured architecture.
-
-A checkpoint is a pickle, and unpickling can run any code the file carries, so every checkpoint is loaded with
-``torch.load(weights_only=True)``: tensors, plain data and ``SAFE_GLOBALS``, all a gpt_lit checkpoint holds. A file
-that needs more is refused before any of it runs, unless the reader trusts it (``--trust_checkpoint true``).
-"""
+"""Reading a checkpoint before Lightning restores it: there, readable, of the configured architecture, and loaded
+with ``weights_only`` (unpickling runs any code a file carries) unless the reader trusts it (``--trust_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ from gpt_lit.model import GPTConfig
 from gpt_lit.run.cli_keys import cli_key
 
 # GPTConfig: in the checkpoint of a GPTLightning made in Python. Process-wide, so Lightning's restore accepts it too.
-SAFE_GLOBALS: list[Any] = [GPTConfig]
-torch.serialization.add_safe_globals(SAFE_GLOBALS)
+torch.serialization.add_safe_globals([GPTConfig])
 
 TRUST_OPTION = "--trust_checkpoint true"
 TRUST_HELP = (
@@ -54,8 +49,7 @@ def refusal(path: str, error: BaseException) -> str:
 
 
 def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], bool]:
-    """The checkpoint at ``path`` (memory-mapped) and whether it needed ``trust``: loaded as data, else (trusted) as
-    the pickle it is, with a warning; a GptLitError when it is missing, unreadable or refused."""
+    """The checkpoint at ``path`` (memory-mapped) and whether it needed ``trust``; a GptLitError if it can't be read."""
     file = Path(path)
     if not file.exists():
         raise GptLitError(f"checkpoint {path} does not exist")
@@ -82,7 +76,6 @@ def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], boo
 @dataclasses.dataclass(frozen=True)
 class CheckpointContents:
     """What the checks before a restore need, without the tensors (which would keep the mapped file open)."""
-
     config: dict[str, Any]  # the GPTConfig fields in its hyperparameters ({} when it has none)
     shapes: dict[str, tuple[int, ...]]  # each state_dict tensor's shape
     data_state: dict[str, Any]  # the training loader's state (epoch_order.TrainLoader), {} when it has none

@@ -1,6 +1,5 @@
 """Checkpoint files on Lightning's ``TorchCheckpointIO`` and ``AsyncCheckpointIO``: written on a thread beside
-training to a temporary file beside the checkpoint, then renamed over it, so a failed save leaves the previous file
-whole."""
+training to a temporary file beside the checkpoint, renamed over it, so that a failed save leaves the previous whole."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ class NoRoomError(GptLitError):
 def no_room(path: Path, size: int, error: OSError) -> NoRoomError:
     saved = sorted((p for p in path.parent.glob("*.ckpt") if p.is_file()), key=lambda p: (p.name == "last.ckpt",
                    p.stat().st_mtime))  # fmt: skip
-    last = saved[-1] if saved else None
-    kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved before"
+    kept = f"the last good checkpoint is {saved[-1]}" if saved else "no checkpoint had been saved before"
     return NoRoomError(
         f"no room to save checkpoint {path.name} in {path.parent} ({error.strerror}): it needs {size:,} bytes there "
         f"({shutil.disk_usage(path.parent).free:,} free; the new file is written beside the old one before replacing "
@@ -42,8 +40,8 @@ REMOVE = object()  # what BackgroundCheckpointIO asks its thread to "save" for a
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` with the temporary file beside the checkpoint (Lightning's is in the system's temporary
-    folder, whose move to another filesystem copies over the old file). A save that finds no room is kept in
-    ``failed`` and nothing is written or removed after it, so ModelCheckpoint's previous best stays."""
+    folder: a move to another filesystem copies over the old file); after a save that found no room (``failed``),
+    nothing is written or removed, so that ModelCheckpoint's previous best stays."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,7 +78,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().remove_checkpoint(path)
 
     def failure(self) -> NoRoomError | None:
-        """The save that found no room, the first time it is asked for: raised once."""
+        """The save that found no room, the first time it is asked for (to be raised once)."""
         if self.reported:
             return None
         self.reported = self.failed is not None

@@ -1,4 +1,5 @@
-"""Save the random number generators in every checkpoint, so a resumed run draws the same dropout masks."""
+"""The callbacks every run gets: the random generators in every checkpoint, so that a resumed run draws the same
+dropout masks (``RNGState``; Lightning saves none), and a stop at the first NaN or infinite loss (``FiniteLoss``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gpt_lit.distributed import gather_objects
+from gpt_lit.errors import GptLitError
+from gpt_lit.run.last_checkpoint import LastCheckpoint
 
 
 def rng_states() -> dict[str, Any]:
@@ -58,3 +61,30 @@ class RNGState(Callback):
             ranks = self.restored["ranks"]
             set_rng_states(ranks[trainer.global_rank] if len(ranks) == trainer.world_size else ranks[0])
             self.restored = None
+
+
+class FiniteLoss(Callback):
+    """Raise a GptLitError naming the step (and process) at a NaN or infinite loss, in ``on_before_backward`` so that
+    the step changes no weight and nothing is saved after it; one all-gather a step stops every process together."""
+
+    def __init__(self, last_checkpoint: LastCheckpoint | None = None) -> None:
+        self.last_checkpoint = last_checkpoint  # whose file the message names as the last good one
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        losses = loss.detach().float().reshape(1)
+        if trainer.world_size > 1:
+            losses = trainer.strategy.all_gather(losses).reshape(-1)
+        bad = (~torch.isfinite(losses)).nonzero()
+        if len(bad) == 0:
+            return
+        rank = int(bad[0])
+        where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""
+        if wait := getattr(trainer.strategy.checkpoint_io, "wait", None):  # saves written in the background
+            wait()  # the message names the files as they will stay
+        last = self.last_checkpoint.saved_path if self.last_checkpoint else None  # none: checkpointing is off
+        kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
+        raise GptLitError(
+            f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
+            f"batch {trainer.fit_loop.epoch_loop.batch_idx}{where}); training stopped before that update and {kept}. "
+            f"Try a smaller model.lr"
+        )
