@@ -1,7 +1,5 @@
 """Mistakes a user can fix: the one exception type for them, and how they are printed (one ``error:`` line)."""
 
-from __future__ import annotations
-
 import os
 import re
 import sys

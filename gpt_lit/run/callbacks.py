@@ -1,8 +1,6 @@
 """The callbacks every run gets: the random generators in every checkpoint, so that a resumed run draws the same
 dropout masks (``RNGState``; Lightning saves none), and a stop at the first NaN or infinite loss (``FiniteLoss``)."""
 
-from __future__ import annotations
-
 import io
 import random
 from typing import Any

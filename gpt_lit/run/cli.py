@@ -1,8 +1,6 @@
 """``python -m gpt_lit {fit,validate,test,predict,export}``: LightningCLI over GPTLightning and TimeMachineData; a
 mistake a user can fix ends with one ``error:`` line and status 2, a stop of ``fit`` with how to resume."""
 
-from __future__ import annotations
-
 import os
 import pickle
 import sys

@@ -2,8 +2,6 @@
 litlogger tip and its note of a summary callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log
 files ... will be deleted" (a resume keeps the rows), the summary's FLOPs and the bar's ``v_num``."""
 
-from __future__ import annotations
-
 import logging
 import sys
 import warnings

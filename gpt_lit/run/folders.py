@@ -1,8 +1,6 @@
 """The run plan (what a command does with its checkpoint, decided once as the command line is parsed) and the run
 folders it uses: the newest run's ``last``/``best`` checkpoint, and where validate, test and predict write."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import re

@@ -1,7 +1,5 @@
 """``last.ckpt``: always the newest state a run can resume from exactly; Ctrl-C and SIGTERM save it and stop."""
 
-from __future__ import annotations
-
 import csv
 import os
 import signal

@@ -1,8 +1,6 @@
 """The command line and config files: ``--config`` (a path, or a shipped config's name), a run's own config.yaml, and
 an ``error:`` line naming the file and line, or the option, a bad key came from (jsonargparse's name only the key)."""
 
-from __future__ import annotations
-
 import glob
 import re
 from collections.abc import Sequence

@@ -1,8 +1,6 @@
 """Reading a checkpoint before Lightning restores it: there, readable, of the configured architecture, and loaded
 with ``weights_only`` (unpickling runs any code a file carries) unless the reader trusts it (``--trust_checkpoint``)."""
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import pickle
@@ -16,7 +14,6 @@ from lightning.pytorch import LightningModule
 
 from gpt_lit.errors import GptLitError, one_line, say
 from gpt_lit.model import GPTConfig
-from gpt_lit.run.cli_keys import cli_key
 
 # GPTConfig: in the checkpoint of a GPTLightning made in Python. Process-wide, so Lightning's restore accepts it too.
 torch.serialization.add_safe_globals([GPTConfig])
@@ -26,6 +23,12 @@ TRUST_HELP = (
     "Load a checkpoint that holds more than tensors and plain data as the pickle it is: only for a file you trust, "
     "as unpickling it runs whatever code it carries. Given per command; not recorded in the run's config.yaml."
 )
+
+
+def cli_key(field: str) -> str:
+    """Where a ``GPTConfig`` field is set on the command line (two come from the data), for the error lines."""
+    linked = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
+    return linked.get(field, f"model.config.{field}")
 
 
 def _config_fields(config: Any) -> dict[str, Any]:

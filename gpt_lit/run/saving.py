@@ -1,8 +1,6 @@
 """Checkpoint files on Lightning's ``TorchCheckpointIO`` and ``AsyncCheckpointIO``: written on a thread beside
 training to a temporary file beside the checkpoint, renamed over it, so that a failed save leaves the previous whole."""
 
-from __future__ import annotations
-
 import errno
 import io
 import os
