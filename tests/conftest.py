@@ -257,17 +257,18 @@ GROUPS = {
     **({} if FULL else {"test_fault_matrix": "test_fault_matrix"}),
 }  # fmt: skip
 # The seconds of each group, and of each test of a file that is not a group: `--durations=0` under xdist, summed per
-# group, rounded (on a shared 2-core machine: what counts is their order). test_ddp's session runs on two processes.
-SECONDS = {"test_ddp": 200, "test_answers": 156, "test_packaging": 150, "test_fault_matrix": 138, "chapter": 79,
-           "test_inside_block": 133, "test_bad_inputs": 128, "test_readme": 100, "test_cli": 94, "test_export": 92,
-           "test_robustness": 88, "test_pretrained": 84, "test_resume_windows": 60, "test_diagnostics": 11,
-           "test_when_and_whom": 49, "test_safe_checkpoints": 45, "test_tensorboard_docs": 29, "test_inspect_page": 40,
-           "test_run_settings": 12,
+# group, rounded (on a shared 2-core machine: what counts is their order). test_ddp's session runs on two processes;
+# test_packaging's (the `full` tier's) installs the wheel.
+SECONDS = {"test_packaging": 150, "test_ddp": 43, "test_fault_matrix": 35, "test_readme": 30, "test_pretrained": 23,
+           "test_resume_windows": 18, "chapter": 16, "test_bad_inputs": 13, "test_answers": 12, "test_inside_block": 12,
+           "test_when_and_whom": 11, "test_robustness": 11, "test_safe_checkpoints": 11, "test_export": 8,
+           "test_tensorboard_docs": 7, "test_cli": 6, "test_inspect_page": 6, "test_run_settings": 4,
+           "test_diagnostics": 3,
            # torch.compile: seconds with its kernels cached, a minute on a machine's first run
-           "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 30,
-           "tests/test_smoke.py::test_fit_resume_test_predict": 43}  # fmt: skip
-SECONDS_EACH = {"test_settings_matrix": 32, "test_fault_matrix": 30, "test_resume": 11, "test_run_folders": 9,
-                "test_checkpointing": 5, "test_bench": 4}  # test_settings_matrix: a case (its two tests)
+           "tests/test_bench.py::test_compiled_model_gives_the_same_losses_and_checkpoint_keys": 6,
+           "tests/test_smoke.py::test_fit_resume_test_predict": 8}  # fmt: skip
+SECONDS_EACH = {"test_fault_matrix": 9, "test_settings_matrix": 7, "test_resume": 3, "test_run_folders": 3,
+                "test_checkpointing": 1, "test_bench": 1}  # test_settings_matrix: a case (its two tests)
 
 
 def module_of(nodeid: str) -> str:

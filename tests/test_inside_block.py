@@ -115,7 +115,7 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_reaches_tensorboard_
     writer = SummaryWriter(str(tmp_path))
     for name, (legend, draw) in figures.items():
         chart = f.Chart()
-        for n in range(1, 6):
+        for n in range(1, 4):  # drawn again twice: new limits, a title and (from 3 on) an x axis that change
             draw(chart.axes(legend), n)
             writer.add_figure(name, chart.fig, n, close=False)
     writer.close()
@@ -123,7 +123,7 @@ def test_a_figure_drawn_again_each_epoch_into_the_same_axes_reaches_tensorboard_
     events.Reload()
     for name, (legend, draw) in figures.items():
         images = events.Images(name)
-        assert [image.step for image in images] == [1, 2, 3, 4, 5], name
+        assert [image.step for image in images] == [1, 2, 3], name
         for n, image in enumerate(images, 1):
             draw((new := f.Chart()).axes(legend), n)
             new = figure_pixels(new.fig)

@@ -85,12 +85,12 @@ def test_parameter_table():
     assert sizes(block.attn.qkv) == 1_771_776 and sizes(block.attn.proj) == 590_592
     assert sizes(block.ffn.fc) == 2_362_368 and sizes(block.ffn.proj) == 2_360_064
     assert sizes(block) == 7_087_872
-    model = GPT(cfg)
+    with torch.device("meta"):  # the shapes alone: no memory, no seconds of initialising 163M and 124M weights
+        model, tied = GPT(cfg), GPT(GPTConfig(tie_weights=True))
     assert sizes(model.tok_emb) == 38_597_376 and sizes(model.pos_emb) == 786_432
     assert sizes(model.blocks) == 85_054_464
     assert sizes(model.final_norm) == 1_536 and sizes(model.head) == 38_597_376
     assert count_params(model) == 163_037_184
-    tied = GPT(GPTConfig(tie_weights=True))
     assert tied.head.weight is tied.tok_emb.weight
     assert count_params(tied) == 124_439_808
     # FeedForward is two-thirds of a block

@@ -4,9 +4,13 @@ with why it cannot run here and which test or CI step covers it.
 The ``python -m gpt_lit`` commands run here, each in a process of its own, in the README's order, in one empty
 folder (so that ``--ckpt_path last`` finds the run the ``fit`` made): the README's 10-epoch ``fit`` with a shorter
 schedule and a tiny model appended (SHORTER), every other one verbatim. Each ends with exit status 0 and prints or
-writes what the README says it does, and no warning or other NOISE (tests/test_packaging.py's list).
+writes what the README says it does, and no warning or other NOISE (tests/test_packaging.py's list). The processes
+are forked from one that has imported gpt_lit's CLI (torch and Lightning, seconds each time) and run nothing: each
+then runs ``gpt_lit/__main__.py`` as `python -m gpt_lit` does and exits, so that no command sees a filter, warning
+registry or other state an earlier one left.
 """
 
+import json
 import math
 import os
 import re
@@ -98,20 +102,53 @@ def test_the_readme_says_how_to_get_the_code_without_a_placeholder_address():
     assert "Get the code" in text
 
 
+# Run in one new process: imports gpt_lit's CLI, then forks a process per command (argv[1]: a JSON list of argument
+# lists) that runs it as `python -m gpt_lit <args>` would, its stdout and stderr into <i>.out and <i>.err of argv[2];
+# stops at the first that fails; the exit status of each into codes.json.
+FORKS = """
+import json, os, runpy, sys
+from pathlib import Path
+import gpt_lit.run.cli  # what `python -m gpt_lit` imports, before it runs anything
+
+commands, logs = json.loads(sys.argv[1]), Path(sys.argv[2])
+codes = []
+for i, args in enumerate(commands):
+    sys.stdout.flush(); sys.stderr.flush()
+    if (pid := os.fork()) == 0:  # the command's process: it ends as `python -m gpt_lit` would, here or in the command
+        for fd, kind in ((1, "out"), (2, "err")):
+            os.dup2(os.open(logs / f"{i}.{kind}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = [gpt_lit.__file__.replace("__init__.py", "__main__.py"), *args]
+        runpy.run_module("gpt_lit", run_name="__main__", alter_sys=True)
+        sys.exit(0)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    (logs / "codes.json").write_text(json.dumps(codes))
+    if codes[-1] != 0:
+        break
+"""
+
+
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
-    """The README's ``python -m gpt_lit`` commands not in NOT_RUN, run in order in one empty folder until one fails:
-    the folder, and each command's result by its text."""
-    folder = tmp_path_factory.mktemp("readme")
+    """The README's ``python -m gpt_lit`` commands not in NOT_RUN, run in order in one empty folder until one fails,
+    each in a process of its own (FORKS): the folder, and each command's result by its text."""
+    folder, logs = tmp_path_factory.mktemp("readme"), tmp_path_factory.mktemp("readme_output")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    results = {}
+    texts, commands = [], []
     for text, shell in readme_commands():
         if text in NOT_RUN or not text.startswith("python -m gpt_lit "):
             continue
-        args = [sys.executable, *shlex.split(shell)[1:], *(SHORTER if text == FIT else [])]
-        results[text] = done = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            break
+        python, m, gpt_lit, *args = shlex.split(shell)
+        assert [python, m, gpt_lit] == ["python", "-m", "gpt_lit"], shell
+        texts.append(text)
+        commands.append([*args, *(SHORTER if text == FIT else [])])
+    forks = [sys.executable, "-c", FORKS, json.dumps(commands), str(logs)]
+    done = subprocess.run(forks, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and not done.stdout + done.stderr, done.stderr[-3000:]
+    codes = json.loads((logs / "codes.json").read_text())
+    results = {}
+    for i, (text, args, code) in enumerate(zip(texts, commands, codes, strict=False)):  # to the first that failed
+        out, err = ((logs / f"{i}.{kind}").read_text() for kind in ("out", "err"))
+        results[text] = subprocess.CompletedProcess(["python", "-m", "gpt_lit", *args], code, out, err)
     return folder, results
 
 
