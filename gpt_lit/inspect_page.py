@@ -125,8 +125,8 @@ def figures(m: dict) -> dict[str, bytes]:
     return out
 
 
-# The page's HTML, style and script; ``page`` fills its ``{name}`` fields.
-PAGE = (Path(__file__).parent / "inspect_page.html").read_text(encoding="utf-8")
+# The page's HTML, style and script (package data, read as a page is written); ``page`` fills its ``{name}`` fields.
+PAGE = Path(__file__).parent / "inspect_page.html"
 FIELDS = re.compile(r"\{(title|heading|note|loss|lens|stream|data)\}")
 
 
@@ -138,7 +138,8 @@ def page(m: dict, pngs: dict[str, bytes], heading: str, note: str = "") -> str:
     note = note and f'<p class="note">{html.escape(note)}</p>'
     del images["attention"]  # drawn by the page's script, to be chosen from
     fields = dict(title=html.escape("".join(m["tokens"])[:60]), heading=heading, note=note, data=data, **images)
-    return FIELDS.sub(lambda match: fields[match[1]], PAGE)  # one pass: the filled text is not read again
+    # one pass: the filled text is not read again
+    return FIELDS.sub(lambda match: fields[match[1]], PAGE.read_text(encoding="utf-8"))
 
 
 def heading(model: GPT, checkpoint: str | None, step: int | None, epoch: int | None) -> str:

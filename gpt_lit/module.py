@@ -66,8 +66,9 @@ class GPTLightning(L.LightningModule):
             config: The model's sizes; context_length and vocab_size are linked from the data.
             lr: AdamW learning rate.
             weight_decay: AdamW weight decay, on every parameter.
-            compile: Run the model through ``torch.compile`` (slower start, faster steps). Compiled code draws its
-                dropout masks its own way: other training steps with dropout above 0; with dropout 0 the same.
+            compile: Run the model through ``torch.compile`` (slower start, faster steps; the loss then comes from
+                its logits, not fused_loss). Compiled code draws its dropout masks its own way: other training steps
+                with dropout above 0; with dropout 0 the same.
             fused_loss: Compute the output head and the loss together (``gpt_lit.loss.token_losses``): the same losses,
                 fewer passes over the logits in training, evaluation in tiles of 1024 tokens x 2048 words of logits.
                 Not used under fp16 precision or a strategy that shards the parameters (FSDP).
@@ -81,8 +82,9 @@ class GPTLightning(L.LightningModule):
                 with a generator seeded from the run's seed and its number.
             top_k: When sampling, keep only the k most likely tokens (None: all).
             init_from: Start from GPT-2's released weights: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl;
-                needs ``pip install -e ".[hub]"``) or a Hugging Face GPT-2 folder, whose config.json model.config
-                must match (data.context_length may be shorter). A --ckpt_path is restored over these weights.
+                downloaded once into Hugging Face's cache; needs ``pip install -e ".[hub]"``) or a Hugging Face GPT-2
+                folder, whose config.json model.config must match (data.context_length may be shorter). A --ckpt_path
+                is restored over these weights.
             weights_from_checkpoint: Set by the CLI with --ckpt_path: a checkpoint gives every weight, so
                 ``init_from``'s are not loaded. Not a hyperparameter.
             inspect: ``predict`` only: also write for each prompt a page of what the model does with it,
