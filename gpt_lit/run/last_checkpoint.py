@@ -27,12 +27,10 @@ class LastCheckpoint(Checkpoint):
     raises Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
     """
 
-    def __init__(self, dirpath: str | None = None):
-        self.dirpath = dirpath  # default: the config's ModelCheckpoint's folder, else the one Lightning gives it
-        self.path: str | None = None  # <dirpath>/last.ckpt, once fit has started
+    def __init__(self) -> None:
+        self.path: str | None = None  # last.ckpt beside the config's ModelCheckpoint's files, once fit has started
         self.log_dir: str | None = None
         self.logger_version: int | str | None = None
-        self.saved_step: int | None = None  # global step of this process's latest save
         self.stop: str | None = None  # "Ctrl-C" or "SIGTERM" once asked to stop
         self._asked = False  # the processes agreed to stop (_ask)
         self._stopping = False  # last.ckpt saved since: raise at the next hook after the logs
@@ -47,7 +45,7 @@ class LastCheckpoint(Checkpoint):
         self.log_dir = trainer.log_dir  # a broadcast: read here for the resume command after a stop
         if trainer.is_global_zero and trainer.logger is not None:
             self.logger_version = trainer.logger.version
-        self.path = os.path.join(self.dirpath or self._checkpoints_folder(trainer, pl_module), "last.ckpt")
+        self.path = os.path.join(self._checkpoints_folder(trainer, pl_module), "last.ckpt")
         for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
             if isinstance(callback, ModelCheckpoint) and callback.save_last and (callback.dirpath is None or
                     os.path.realpath(callback.dirpath) == os.path.dirname(os.path.realpath(self.path))):  # fmt: skip
@@ -177,7 +175,6 @@ class LastCheckpoint(Checkpoint):
         self._others_saved_at = others
         if trainer.world_size > 1:
             self._raise_a_failed_save(trainer)
-        self.saved_step = trainer.global_step
 
     def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
         """On every process (a broadcast), the error of a save that found no room on process 0, which writes."""
