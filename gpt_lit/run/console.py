@@ -1,6 +1,6 @@
-"""What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise: Lightning's
-litlogger tip and its note of a summary callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log
-files ... will be deleted" (a resume keeps the rows), the summary's FLOPs and the bar's ``v_num``."""
+"""What a run prints: Lightning's bar, summary and losses, without Lightning's litlogger tip and note of a summary
+callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log files ... will be deleted" (a resume keeps
+the rows), the summary's FLOPs and the bar's ``v_num``."""
 
 import logging
 import sys
@@ -39,8 +39,7 @@ def quiet_console() -> None:
 
 
 class Summary(RichModelSummary):
-    """Lightning's rich model summary without its FLOPs column and total: Lightning counts none for a model without
-    an ``example_input_array``, and has no option to leave them out."""
+    """Lightning's rich model summary without its FLOPs (none counted without an ``example_input_array``)."""
 
     @staticmethod
     def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,

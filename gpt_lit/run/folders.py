@@ -39,23 +39,22 @@ def make_plan(subcommand: str, config: Namespace) -> RunPlan:
     return RunPlan(subcommand, path, weights_only, contents, run_of(path))
 
 
+def listed(value: object) -> list:
+    """A trainer option that takes one or a list (logger, callbacks, plugins), as a list."""
+    return list(value) if isinstance(value, list) else [value] if value else []
+
+
 def inits(value: object) -> list[Namespace]:
-    """The ``init_args`` of a config's logger or callbacks (one, or a list)."""
-    listed = value if isinstance(value, list) else [value]
-    return [each.init_args for each in listed if isinstance(each, Namespace) and each.get("init_args") is not None]
+    """The ``init_args`` of a config's logger or callbacks."""
+    return [one.init_args for one in listed(value) if isinstance(one, Namespace) and one.get("init_args") is not None]
 
 
 def local_folders(trainer: Namespace) -> None:
-    """The trainer's folders as Lightning's loggers read them (``~`` expanded, ``file://`` dropped)."""
-
-    def local(path: object) -> object:
-        return os.path.expanduser(path.removeprefix("file://")) if isinstance(path, str) else path
-
-    trainer.default_root_dir = local(trainer.get("default_root_dir"))
-    for init in inits(trainer.get("logger")) + inits(trainer.get("callbacks")):
-        for key in ("save_dir", "dirpath"):
-            if key in init:
-                init[key] = local(init[key])
+    """The config's folders as Lightning's loggers read them (``~`` expanded, ``file://`` dropped)."""
+    for init in [trainer, *inits(trainer.get("logger")), *inits(trainer.get("callbacks"))]:
+        for key in ("default_root_dir", "save_dir", "dirpath"):
+            if isinstance(init.get(key), str):
+                init[key] = os.path.expanduser(init[key].removeprefix("file://"))
 
 
 def runs_folder(trainer: Namespace) -> Path | None:
@@ -98,11 +97,9 @@ def checkpoints_dirpath(trainer: Namespace) -> Path | None:
     return Path(given[0].dirpath) if given else None
 
 
-def nothing_to_read(which: str, what: str, config_given: bool = True) -> GptLitError:
-    give = " and the same config, or give" if config_given else ", or give --config (the config whose runs to use) or"
-    return GptLitError(
-        f"--ckpt_path {which}: {what} (from {Path.cwd()}). Train one with `{PROG} fit`{give} a checkpoint's path"
-    )
+def nothing_to_read(which: str, what: str, give: str = " and the same config, or give") -> GptLitError:
+    return GptLitError(f"--ckpt_path {which}: {what} (from {Path.cwd()}). Train one with `{PROG} fit`{give} a "
+                       "checkpoint's path")  # fmt: skip
 
 
 def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirpath: Path | None = None) -> str:
@@ -201,7 +198,7 @@ def newest_config_runs(base: Path, which: str) -> Path:
     """The one folder under ``base`` (lightning_logs) that holds ``version_N`` runs: ``base/<name>`` or ``base``."""
     folders = sorted({p.parent for pattern in ("version_*", "*/version_*") for p in base.glob(pattern) if p.is_dir()})
     if not folders:
-        raise nothing_to_read(which, f"no run in {base}", config_given=False)
+        raise nothing_to_read(which, f"no run in {base}", ", or give --config (the config whose runs to use) or")
     if len(folders) > 1:
         names = [f.name for f in folders if f != base]
         raise GptLitError(

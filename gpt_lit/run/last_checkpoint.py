@@ -19,13 +19,10 @@ CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
 
 class LastCheckpoint(Checkpoint):
-    """Keep ``last.ckpt`` the newest state Lightning's restore resumes exactly, and make Ctrl-C and SIGTERM a save
-    and a stop (Lightning's ``save_last`` saves where its ModelCheckpoint does; its SIGTERM stops an evaluation).
-
-    Saved after a step no validation follows (a stop asked, another callback's save, the end of fit), after a
-    validation, at an epoch's end unless ``max_steps`` is set (its restore counts the epoch twice); a stop then
-    raises Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
-    """
+    """Saved after a step no validation follows (a stop asked, another callback's save, the end of fit), after a
+    validation, at an epoch's end unless ``max_steps`` is set (its restore counts the epoch twice); a stop then raises
+    Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
+    (Lightning's ``save_last`` saves where its ModelCheckpoint does; its SIGTERM stops an evaluation.)"""
 
     def __init__(self) -> None:
         self.path: str | None = None  # last.ckpt beside the config's ModelCheckpoint's files, once fit has started
@@ -112,8 +109,7 @@ class LastCheckpoint(Checkpoint):
     on_train_batch_start = on_train_epoch_start = on_train_end = _raise_if_stopping
 
     @staticmethod
-    def _epoch_ran_out(trainer: L.Trainer) -> bool:
-        """Whether the epoch under way has had its last batch."""
+    def _epoch_ran_out(trainer: L.Trainer) -> bool:  # the epoch under way has had its last batch
         progress = trainer.fit_loop.epoch_loop.batch_progress
         return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
 

@@ -40,10 +40,9 @@ def _config_fields(config: Any) -> dict[str, Any]:
 def refusal(path: str, error: BaseException) -> str:
     """The ``error:`` line for a checkpoint that ``weights_only`` refused, naming what it would have created."""
     message = str(error)
-    patterns = (r"GLOBAL (\S+) was not an allowed global", r"unsupported GLOBAL (\S+) whose module",
-                r"(?:but got|got) <class '([^']+)'>")  # fmt: skip
-    found = [m[1] for pattern in patterns if (m := re.search(pattern, message))]
-    needs = found[0] if found else one_line(message.split("WeightsUnpickler error:")[-1]) or type(error).__name__
+    found = re.search(r"GLOBAL (\S+) (?:was not an allowed global|whose module)|got <class '([^']+)'>", message)
+    told = one_line(message.split("WeightsUnpickler error:")[-1]) or type(error).__name__  # torch's own words
+    needs = found and (found[1] or found[2]) or told
     return (
         f"checkpoint {path} was not loaded: it needs {needs}, which is not plain data (tensors, "
         f"numbers, strings, containers), and unpickling it would run code from the file; if you trust the file "
