@@ -119,10 +119,9 @@ def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirp
         if not (dirpath / "last.ckpt").is_file():
             older = [r for r in runs[:-1] if (r / "checkpoints" / "last.ckpt").is_file()]
             hint = f"; the newest with one: --ckpt_path {older[-1]}/checkpoints/last.ckpt" if older else ""
-            raise GptLitError(
-                f"--ckpt_path {which}: the newest run, {run}, has no checkpoint (no last.ckpt in {dirpath}: it "
-                f"stopped before its first save, or ran with checkpointing off){hint}"
-            )
+            raise GptLitError(f"--ckpt_path {which}: the newest run, {run}, has no checkpoint (no last.ckpt in "
+                              f"{dirpath}: it stopped before its first save, or ran with checkpointing "
+                              f"off){hint}")  # fmt: skip
     last = dirpath / "last.ckpt"
     return str(last) if which == "last" else best_of(last, run, trust)
 
@@ -133,16 +132,14 @@ def best_of(last: Path, run: Path, trust: bool) -> str:
     ranked = {k: s for k, s in states.items() if isinstance(s, dict) and s.get("monitor") and "best_model_path" in s}
     if len(ranked) > 1:
         files = "; ".join(f"{key}: {s['best_model_path'] or 'none yet'}" for key, s in ranked.items())
-        raise GptLitError(
-            f"--ckpt_path best: the newest run, {run}, has {len(ranked)} ModelCheckpoints with a monitor, each with "
-            f"its own best ({files}); give the one you want as --ckpt_path <its path>"
-        )
+        raise GptLitError(f"--ckpt_path best: the newest run, {run}, has {len(ranked)} ModelCheckpoints with a "
+                          f"monitor, each with its own best ({files}); give the one you want as --ckpt_path <its "
+                          f"path>")  # fmt: skip
     best = [last.parent / Path(s["best_model_path"]).name for s in ranked.values() if s["best_model_path"]]
     if not best or not best[0].is_file():
-        raise GptLitError(
-            f"--ckpt_path best: the newest run, {run}, keeps no best checkpoint (its config has no "
-            f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a checkpoint's path"
-        )
+        raise GptLitError(f"--ckpt_path best: the newest run, {run}, keeps no best checkpoint (its config has no "
+                          f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a "
+                          f"checkpoint's path")  # fmt: skip
     return str(best[0])
 
 
@@ -201,11 +198,9 @@ def newest_config_runs(base: Path, which: str) -> Path:
         raise nothing_to_read(which, f"no run in {base}", ", or give --config (the config whose runs to use) or")
     if len(folders) > 1:
         names = [f.name for f in folders if f != base]
-        raise GptLitError(
-            f"--ckpt_path {which} without --config: {base} holds the runs of {len(folders)} configs "
-            f"({', '.join(names)}{', and unnamed ones' if base in folders else ''}); say whose with --config "
-            f"(e.g. --config {names[0]}) or give a checkpoint's path"
-        )
+        raise GptLitError(f"--ckpt_path {which} without --config: {base} holds the runs of {len(folders)} configs "
+                          f"({', '.join(names)}{', and unnamed ones' if base in folders else ''}); say whose with "
+                          f"--config (e.g. --config {names[0]}) or give a checkpoint's path")  # fmt: skip
     return folders[0]
 
 

@@ -94,9 +94,7 @@ class LastCheckpoint(Checkpoint):
 
     def _ask(self, trainer: L.Trainer) -> bool:
         """Whether any process was asked to stop (every process calls this at the same points)."""
-        if not self._asked and trainer.world_size == 1:
-            self._asked = self.stop is not None
-        elif not self._asked and trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False):
+        if not self._asked and trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False):
             sigterm = trainer.strategy.reduce_boolean_decision(self.stop == "SIGTERM", all=False)
             self.stop, self._asked = "SIGTERM" if sigterm else "Ctrl-C", True  # one message and status on every process
         return self._asked
