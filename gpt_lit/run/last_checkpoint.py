@@ -62,11 +62,10 @@ class LastCheckpoint(Checkpoint):
         """The folder of the config's ModelCheckpoint (one with a monitor first), else the one Lightning gives one."""
         ours = sorted((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath),
                       key=lambda cb: not cb.monitor)  # fmt: skip
-        if ours:
-            return str(ours[0].dirpath)
-        probe = ModelCheckpoint(save_top_k=0)  # saves nothing; its setup resolves the folder
-        probe.setup(trainer, pl_module, "fit")
-        return str(probe.dirpath)
+        if not ours:
+            ours = [ModelCheckpoint(save_top_k=0)]  # saves nothing; its setup resolves the folder
+            ours[0].setup(trainer, pl_module, "fit")
+        return str(ours[0].dirpath)
 
     @property
     def saved_path(self) -> str | None:
@@ -111,10 +110,13 @@ class LastCheckpoint(Checkpoint):
         progress = trainer.fit_loop.epoch_loop.batch_progress
         return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
 
-    @staticmethod
-    def _fit_ends(trainer: L.Trainer) -> bool:
-        """Whether fit ends in this epoch: ``max_steps`` reached, or a request to stop that Lightning honours."""
-        return 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.fit_loop.epoch_loop.done
+    def _save_if_due(self, trainer: L.Trainer, asked: bool) -> None:
+        """Save at a stop ``asked``, the epoch's last step, fit's last (``max_steps``, or a stop Lightning honours), or
+        another callback's save; a stop asked then raises at the next hook."""
+        ends = 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.fit_loop.epoch_loop.done
+        if asked or ends or self._epoch_ran_out(trainer) or self._others_saved_at == trainer.global_step:
+            self.save(trainer)
+        self._stopping = asked
 
     @staticmethod
     def _validates_next(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -137,9 +139,7 @@ class LastCheckpoint(Checkpoint):
         asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
         if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
             return  # saved after the validation or epoch's end that comes next (not one a stop request adds: Timer)
-        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
-            self.save(trainer)
-            self._stopping = asked
+        self._save_if_due(trainer, asked)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._forced = trainer.should_stop  # Lightning validates once more before it stops; a resume would not
@@ -148,10 +148,7 @@ class LastCheckpoint(Checkpoint):
         ran_out = self._epoch_ran_out(trainer)
         if trainer.sanity_checking or self._forced or self._stopping or ran_out and trainer.max_steps < 0:
             return  # after a forced validation, the step before it (saved then) is the exact state
-        asked = self._ask(trainer)
-        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
-            self.save(trainer)  # the epoch's end, if it comes next, runs again on the resume
-        self._stopping = asked
+        self._save_if_due(trainer, self._ask(trainer))  # the epoch's end, if it comes next, runs again on the resume
         self._raise_if_stopping()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
