@@ -9,9 +9,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import lightning.pytorch as pl
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, Trainer, __version__
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -75,7 +74,7 @@ class GPTLitCLI(LightningCLI):
         return {named: every[named]} if named in every else every
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={__version__}"])
         kwargs.setdefault("prog", PROG)
         kwargs.setdefault("allow_abbrev", False)  # `--model.config.n_layer` is a typo, not `--model.config.n_layers`
         parser = self.parser_class(read=self.read, **kwargs)
