@@ -47,21 +47,18 @@ def short_type_error(message: str) -> str:
 
 
 def raised_by_lightning(e: BaseException) -> bool:
-    """Whether Lightning's own code raised ``e``: it refused a setting while running (a ``val_check_interval``
-    longer than the epoch, ...), a mistake in the input, not a bug of gpt_lit's."""
+    """Whether Lightning's own code raised ``e``, refusing a setting while running: the input's mistake, not a bug."""
     frames = traceback.extract_tb(e.__traceback__)
     return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
 
 
 def check_accelerator(name: object) -> None:
-    """Raise a GptLitError when ``trainer.accelerator`` names one this machine lacks, saying which it has and what
-    to type: Lightning's own message for ``gpu`` names none ("No supported gpu backend found!")."""
+    """Refuse a ``trainer.accelerator`` this machine lacks, naming those it has (Lightning's for ``gpu`` names none)."""
     names = AcceleratorRegistry.available_accelerators()
     if not isinstance(name, str) or name not in {"gpu", *names}:
         return  # auto, an Accelerator object, or a name Lightning refuses itself with the names it knows
     has = sorted(n for n in names if AcceleratorRegistry[n]["accelerator"].is_available())
     if name not in has and not (name == "gpu" and {"cuda", "mps"} & set(has)):  # Lightning's gpu: CUDA or MPS
-        raise GptLitError(
-            f"--trainer.accelerator {name}: Lightning finds no {name.upper()} device on this machine, which has: "
-            f"{', '.join(has)}; use --trainer.accelerator {' or '.join(has)}, or auto for the best of them"
-        )
+        raise GptLitError(f"--trainer.accelerator {name}: Lightning finds no {name.upper()} device on this machine, "
+                          f"which has: {', '.join(has)}; use --trainer.accelerator {' or '.join(has)}, or auto for the "
+                          f"best of them")  # fmt: skip

@@ -153,8 +153,8 @@ def test_the_end_of_fit_and_one_writer_of_last_ckpt(tmp_path):
     assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt"]
 
 
-def test_last_ckpt_goes_where_it_is_told_and_beside_the_configs_model_checkpoint(tmp_path):
-    fit(tmp_path / "a", LastCheckpoint(dirpath=str(tmp_path / "mine")), max_epochs=1)
+def test_last_ckpt_goes_beside_the_configs_model_checkpoint(tmp_path):
+    fit(tmp_path / "a", ModelCheckpoint(dirpath=str(tmp_path / "mine"), save_top_k=0), LastCheckpoint(), max_epochs=1)
     assert state(tmp_path / "mine" / "last.ckpt") == (4, 1, 4)
     beside = [ModelCheckpoint(dirpath=str(tmp_path / "plain")), ModelCheckpoint(dirpath=str(tmp_path / "best"),
               monitor="val")]  # fmt: skip
@@ -293,7 +293,8 @@ def test_fast_dev_run_writes_no_checkpoint(tmp_path):
 
 def test_a_model_checkpoint_in_another_folder_keeps_its_last_ckpt_and_one_listed_after_writes_none(tmp_path):
     elsewhere = ModelCheckpoint(dirpath=str(tmp_path / "elsewhere"), save_last=True, save_top_k=0)
-    fit(tmp_path / "a", elsewhere, LastCheckpoint(dirpath=str(tmp_path / "mine")), max_epochs=1)
+    mine = ModelCheckpoint(dirpath=str(tmp_path / "mine"), monitor="val", save_top_k=0)  # last.ckpt's folder
+    fit(tmp_path / "a", elsewhere, mine, LastCheckpoint(), max_epochs=1)
     assert state(tmp_path / "elsewhere" / "last.ckpt") == state(tmp_path / "mine" / "last.ckpt") == (4, 1, 4)
     after = ModelCheckpoint(save_last=True, save_top_k=0)  # set up after LastCheckpoint: no folder yet
     fit(tmp_path / "b", LastCheckpoint(), after, max_epochs=1)
@@ -538,7 +539,7 @@ def test_under_two_processes_a_save_that_found_no_room_on_process_0_raises_its_e
     raised = on_two_processes(*(partial(c.save, t) for c, t in zip(callbacks, trainers, strict=True)))
     name = "best.ckpt" if failed == "another callback's save" else "last.ckpt"
     assert [(type(e), str(e)) for e in raised] == [(NoRoomError, f"no room to save checkpoint {name}")] * 2
-    assert [c.saved_step for c in callbacks] == [None, None] and not (tmp_path / "last.ckpt").exists()
+    assert [c.saved_path for c in callbacks] == [None, None] and not (tmp_path / "last.ckpt").exists()
 
 
 @pytest.mark.parametrize("io", ["atomic", "async", "torch"])
@@ -547,7 +548,7 @@ def test_under_two_processes_a_save_with_room_is_saved_on_both(tmp_path, io):
     for callback in callbacks:
         callback.path = str(tmp_path / "last.ckpt")
     raised = on_two_processes(*(partial(c.save, t) for c, t in zip(callbacks, two_trainers(io), strict=True)))
-    assert raised == [None, None] and [c.saved_step for c in callbacks] == [5, 5]
+    assert raised == [None, None] and [c.saved_path for c in callbacks] == [str(tmp_path / "last.ckpt")] * 2
     assert (tmp_path / "last.ckpt").read_text() == "saved"
 
 

@@ -1,4 +1,2 @@
-"""A run's life: the CLI (cli.py), the command line and config files (parser.py), what a command does with its
-checkpoint (folders.py, reading.py), saving and stopping (last_checkpoint.py, saving.py), the callbacks every
-run gets (callbacks.py) and what it prints (console.py). The chapter's files and the diagnostics
-import nothing from here; the Hugging Face folder (gpt_lit/hub/) uses reading.py."""
+"""A run's life: the CLI, its config files, checkpoints read and saved, the callbacks every run gets and what it
+prints. The chapter's files and the diagnostics import nothing from here; gpt_lit/hub/ uses reading.py."""

@@ -81,8 +81,6 @@ class FiniteLoss(Callback):
             wait()  # the message names the files as they will stay
         last = self.last_checkpoint.saved_path if self.last_checkpoint else None  # none: checkpointing is off
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
-        raise GptLitError(
-            f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
-            f"batch {trainer.fit_loop.epoch_loop.batch_idx}{where}); training stopped before that update and {kept}. "
-            f"Try a smaller model.lr"
-        )
+        raise GptLitError(f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch "
+                          f"{trainer.current_epoch}, batch {trainer.fit_loop.epoch_loop.batch_idx}{where}); training "
+                          f"stopped before that update and {kept}. Try a smaller model.lr")  # fmt: skip

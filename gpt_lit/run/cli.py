@@ -9,9 +9,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import lightning.pytorch as pl
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, Trainer, __version__
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -27,7 +26,7 @@ from gpt_lit.module import GPTLightning
 from gpt_lit.prompts import read_prompts
 from gpt_lit.run.callbacks import FiniteLoss, RNGState
 from gpt_lit.run.console import quiet_callbacks, quiet_console
-from gpt_lit.run.folders import PROG, continue_run, local_folders, log_beside_run, make_plan, one_folder_per_run
+from gpt_lit.run.folders import PROG, continue_run, listed, local_folders, log_beside_run, make_plan, one_folder_per_run
 from gpt_lit.run.last_checkpoint import LastCheckpoint
 from gpt_lit.run.parser import LINKS, ConfigFile, GPTLitParser, shipped_configs
 from gpt_lit.run.reading import TRUST_HELP, check_architecture, refusal
@@ -75,7 +74,7 @@ class GPTLitCLI(LightningCLI):
         return {named: every[named]} if named in every else every
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={__version__}"])
         kwargs.setdefault("prog", PROG)
         kwargs.setdefault("allow_abbrev", False)  # `--model.config.n_layer` is a typo, not `--model.config.n_layers`
         parser = self.parser_class(read=self.read, **kwargs)
@@ -185,11 +184,6 @@ class GPTLitCLI(LightningCLI):
             if isinstance(trainer.logger, TensorBoardLogger) and len(trainer.loggers) == 1:  # (a list: continue_run)
                 how += f" --trainer.logger.init_args.version {last.logger_version}"
         fail(f"{self.subcommand} stopped by {by}{how}", 143 if by == "SIGTERM" else 130)
-
-
-def listed(value: Any) -> list[Any]:
-    """A trainer option that takes one or a list (callbacks, plugins), as a list."""
-    return list(value) if isinstance(value, list) else [value] if value else []
 
 
 def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> GPTLitCLI:

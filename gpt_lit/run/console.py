@@ -1,6 +1,6 @@
-"""What a run prints: Lightning's progress bar, model summary and losses, without the dependencies' noise: Lightning's
-litlogger tip and its note of a summary callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log
-files ... will be deleted" (a resume keeps the rows), the summary's FLOPs and the bar's ``v_num``."""
+"""What a run prints: Lightning's bar, summary and losses, without Lightning's litlogger tip and note of a summary
+callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log files ... will be deleted" (a resume keeps
+the rows), the summary's FLOPs and the bar's ``v_num``."""
 
 import logging
 import sys
@@ -39,8 +39,7 @@ def quiet_console() -> None:
 
 
 class Summary(RichModelSummary):
-    """Lightning's rich model summary without its FLOPs column and total: Lightning counts none for a model without
-    an ``example_input_array``, and has no option to leave them out."""
+    """Lightning's rich model summary without its FLOPs (none counted without an ``example_input_array``)."""
 
     @staticmethod
     def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
@@ -69,8 +68,6 @@ class QuietRichProgressBar(RichProgressBar):
     """Lightning's rich progress bar without ``v_num``, with Lightning's log lines of a ``fit`` printed above it (its
     handlers write, while the bar is live, to rich's proxies of their streams)."""
 
-    _handler_streams: tuple[tuple[logging.StreamHandler, Any], ...] = ()  # (handler, the stream it had)
-
     def get_metrics(self, trainer: Trainer, pl_module: Any) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
@@ -78,25 +75,23 @@ class QuietRichProgressBar(RichProgressBar):
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         super().on_train_start(trainer, pl_module)  # the bar is live: the proxies are in place
-        self._put_back_streams()
-        proxies = {proxy.rich_proxied_file: proxy for proxy in (sys.stderr, sys.stdout) if isinstance(proxy, FileProxy)}
-        self._handler_streams = tuple(
-            (handler, handler.setStream(proxies[handler.stream]))
-            for name in ("lightning.pytorch", "lightning.fabric") for handler in logging.getLogger(name).handlers
-            if type(handler) is logging.StreamHandler and handler.stream in proxies
-        )  # fmt: skip
+        self._set_streams(live=True)
 
-    def _put_back_streams(self) -> None:
-        for handler, stream in self._handler_streams:
-            handler.setStream(stream)
-        self._handler_streams = ()
+    @staticmethod
+    def _set_streams(live: bool) -> None:
+        """Lightning's log handlers on rich's proxies of their streams while the bar is ``live``, else on those."""
+        proxies = {p.rich_proxied_file: p for p in (sys.stderr, sys.stdout) if live and isinstance(p, FileProxy)}
+        for handler in (h for n in ("lightning.pytorch", "lightning.fabric") for h in logging.getLogger(n).handlers):
+            if type(handler) is logging.StreamHandler:
+                stream = getattr(handler.stream, "rich_proxied_file", handler.stream)  # a proxy's: its stream
+                handler.setStream(proxies.get(stream, stream))
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
-        self._put_back_streams()
+        self._set_streams(live=False)
         super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
-        self._put_back_streams()
+        self._set_streams(live=False)
         super().on_exception(trainer, pl_module, exception)
 
 

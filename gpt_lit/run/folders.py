@@ -39,23 +39,22 @@ def make_plan(subcommand: str, config: Namespace) -> RunPlan:
     return RunPlan(subcommand, path, weights_only, contents, run_of(path))
 
 
+def listed(value: object) -> list:
+    """A trainer option that takes one or a list (logger, callbacks, plugins), as a list."""
+    return list(value) if isinstance(value, list) else [value] if value else []
+
+
 def inits(value: object) -> list[Namespace]:
-    """The ``init_args`` of a config's logger or callbacks (one, or a list)."""
-    listed = value if isinstance(value, list) else [value]
-    return [each.init_args for each in listed if isinstance(each, Namespace) and each.get("init_args") is not None]
+    """The ``init_args`` of a config's logger or callbacks."""
+    return [one.init_args for one in listed(value) if isinstance(one, Namespace) and one.get("init_args") is not None]
 
 
 def local_folders(trainer: Namespace) -> None:
-    """The trainer's folders as Lightning's loggers read them (``~`` expanded, ``file://`` dropped)."""
-
-    def local(path: object) -> object:
-        return os.path.expanduser(path.removeprefix("file://")) if isinstance(path, str) else path
-
-    trainer.default_root_dir = local(trainer.get("default_root_dir"))
-    for init in inits(trainer.get("logger")) + inits(trainer.get("callbacks")):
-        for key in ("save_dir", "dirpath"):
-            if key in init:
-                init[key] = local(init[key])
+    """The config's folders as Lightning's loggers read them (``~`` expanded, ``file://`` dropped)."""
+    for init in [trainer, *inits(trainer.get("logger")), *inits(trainer.get("callbacks"))]:
+        for key in ("default_root_dir", "save_dir", "dirpath"):
+            if isinstance(init.get(key), str):
+                init[key] = os.path.expanduser(init[key].removeprefix("file://"))
 
 
 def runs_folder(trainer: Namespace) -> Path | None:
@@ -98,11 +97,9 @@ def checkpoints_dirpath(trainer: Namespace) -> Path | None:
     return Path(given[0].dirpath) if given else None
 
 
-def nothing_to_read(which: str, what: str, config_given: bool = True) -> GptLitError:
-    give = " and the same config, or give" if config_given else ", or give --config (the config whose runs to use) or"
-    return GptLitError(
-        f"--ckpt_path {which}: {what} (from {Path.cwd()}). Train one with `{PROG} fit`{give} a checkpoint's path"
-    )
+def nothing_to_read(which: str, what: str, give: str = " and the same config, or give") -> GptLitError:
+    return GptLitError(f"--ckpt_path {which}: {what} (from {Path.cwd()}). Train one with `{PROG} fit`{give} a "
+                       "checkpoint's path")  # fmt: skip
 
 
 def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirpath: Path | None = None) -> str:
@@ -122,10 +119,9 @@ def latest_checkpoint(folder: Path | None, which: str, trust: bool = False, dirp
         if not (dirpath / "last.ckpt").is_file():
             older = [r for r in runs[:-1] if (r / "checkpoints" / "last.ckpt").is_file()]
             hint = f"; the newest with one: --ckpt_path {older[-1]}/checkpoints/last.ckpt" if older else ""
-            raise GptLitError(
-                f"--ckpt_path {which}: the newest run, {run}, has no checkpoint (no last.ckpt in {dirpath}: it "
-                f"stopped before its first save, or ran with checkpointing off){hint}"
-            )
+            raise GptLitError(f"--ckpt_path {which}: the newest run, {run}, has no checkpoint (no last.ckpt in "
+                              f"{dirpath}: it stopped before its first save, or ran with checkpointing "
+                              f"off){hint}")  # fmt: skip
     last = dirpath / "last.ckpt"
     return str(last) if which == "last" else best_of(last, run, trust)
 
@@ -136,16 +132,14 @@ def best_of(last: Path, run: Path, trust: bool) -> str:
     ranked = {k: s for k, s in states.items() if isinstance(s, dict) and s.get("monitor") and "best_model_path" in s}
     if len(ranked) > 1:
         files = "; ".join(f"{key}: {s['best_model_path'] or 'none yet'}" for key, s in ranked.items())
-        raise GptLitError(
-            f"--ckpt_path best: the newest run, {run}, has {len(ranked)} ModelCheckpoints with a monitor, each with "
-            f"its own best ({files}); give the one you want as --ckpt_path <its path>"
-        )
+        raise GptLitError(f"--ckpt_path best: the newest run, {run}, has {len(ranked)} ModelCheckpoints with a "
+                          f"monitor, each with its own best ({files}); give the one you want as --ckpt_path <its "
+                          f"path>")  # fmt: skip
     best = [last.parent / Path(s["best_model_path"]).name for s in ranked.values() if s["best_model_path"]]
     if not best or not best[0].is_file():
-        raise GptLitError(
-            f"--ckpt_path best: the newest run, {run}, keeps no best checkpoint (its config has no "
-            f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a checkpoint's path"
-        )
+        raise GptLitError(f"--ckpt_path best: the newest run, {run}, keeps no best checkpoint (its config has no "
+                          f"ModelCheckpoint with a monitor, or the file is gone); use --ckpt_path last or a "
+                          f"checkpoint's path")  # fmt: skip
     return str(best[0])
 
 
@@ -201,14 +195,12 @@ def newest_config_runs(base: Path, which: str) -> Path:
     """The one folder under ``base`` (lightning_logs) that holds ``version_N`` runs: ``base/<name>`` or ``base``."""
     folders = sorted({p.parent for pattern in ("version_*", "*/version_*") for p in base.glob(pattern) if p.is_dir()})
     if not folders:
-        raise nothing_to_read(which, f"no run in {base}", config_given=False)
+        raise nothing_to_read(which, f"no run in {base}", ", or give --config (the config whose runs to use) or")
     if len(folders) > 1:
         names = [f.name for f in folders if f != base]
-        raise GptLitError(
-            f"--ckpt_path {which} without --config: {base} holds the runs of {len(folders)} configs "
-            f"({', '.join(names)}{', and unnamed ones' if base in folders else ''}); say whose with --config "
-            f"(e.g. --config {names[0]}) or give a checkpoint's path"
-        )
+        raise GptLitError(f"--ckpt_path {which} without --config: {base} holds the runs of {len(folders)} configs "
+                          f"({', '.join(names)}{', and unnamed ones' if base in folders else ''}); say whose with "
+                          f"--config (e.g. --config {names[0]}) or give a checkpoint's path")  # fmt: skip
     return folders[0]
 
 

@@ -19,20 +19,15 @@ CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
 
 class LastCheckpoint(Checkpoint):
-    """Keep ``last.ckpt`` the newest state Lightning's restore resumes exactly, and make Ctrl-C and SIGTERM a save
-    and a stop (Lightning's ``save_last`` saves where its ModelCheckpoint does; its SIGTERM stops an evaluation).
+    """Saved after a step no validation follows (a stop asked, another callback's save, the end of fit), after a
+    validation, at an epoch's end unless ``max_steps`` is set (its restore counts the epoch twice); a stop then raises
+    Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
+    (Lightning's ``save_last`` saves where its ModelCheckpoint does; its SIGTERM stops an evaluation.)"""
 
-    Saved after a step no validation follows (a stop asked, another callback's save, the end of fit), after a
-    validation, at an epoch's end unless ``max_steps`` is set (its restore counts the epoch twice); a stop then
-    raises Lightning's ``SIGTERMException``. A resume hides (TensorBoard) and drops (CSV) what the old run logged since.
-    """
-
-    def __init__(self, dirpath: str | None = None):
-        self.dirpath = dirpath  # default: the config's ModelCheckpoint's folder, else the one Lightning gives it
-        self.path: str | None = None  # <dirpath>/last.ckpt, once fit has started
+    def __init__(self) -> None:
+        self.path: str | None = None  # last.ckpt beside the config's ModelCheckpoint's files, once fit has started
         self.log_dir: str | None = None
         self.logger_version: int | str | None = None
-        self.saved_step: int | None = None  # global step of this process's latest save
         self.stop: str | None = None  # "Ctrl-C" or "SIGTERM" once asked to stop
         self._asked = False  # the processes agreed to stop (_ask)
         self._stopping = False  # last.ckpt saved since: raise at the next hook after the logs
@@ -47,7 +42,7 @@ class LastCheckpoint(Checkpoint):
         self.log_dir = trainer.log_dir  # a broadcast: read here for the resume command after a stop
         if trainer.is_global_zero and trainer.logger is not None:
             self.logger_version = trainer.logger.version
-        self.path = os.path.join(self.dirpath or self._checkpoints_folder(trainer, pl_module), "last.ckpt")
+        self.path = os.path.join(self._checkpoints_folder(trainer, pl_module), "last.ckpt")
         for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
             if isinstance(callback, ModelCheckpoint) and callback.save_last and (callback.dirpath is None or
                     os.path.realpath(callback.dirpath) == os.path.dirname(os.path.realpath(self.path))):  # fmt: skip
@@ -67,11 +62,10 @@ class LastCheckpoint(Checkpoint):
         """The folder of the config's ModelCheckpoint (one with a monitor first), else the one Lightning gives one."""
         ours = sorted((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath),
                       key=lambda cb: not cb.monitor)  # fmt: skip
-        if ours:
-            return str(ours[0].dirpath)
-        probe = ModelCheckpoint(save_top_k=0)  # saves nothing; its setup resolves the folder
-        probe.setup(trainer, pl_module, "fit")
-        return str(probe.dirpath)
+        if not ours:
+            ours = [ModelCheckpoint(save_top_k=0)]  # saves nothing; its setup resolves the folder
+            ours[0].setup(trainer, pl_module, "fit")
+        return str(ours[0].dirpath)
 
     @property
     def saved_path(self) -> str | None:
@@ -99,9 +93,7 @@ class LastCheckpoint(Checkpoint):
 
     def _ask(self, trainer: L.Trainer) -> bool:
         """Whether any process was asked to stop (every process calls this at the same points)."""
-        if not self._asked and trainer.world_size == 1:
-            self._asked = self.stop is not None
-        elif not self._asked and trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False):
+        if not self._asked and trainer.strategy.reduce_boolean_decision(self.stop is not None, all=False):
             sigterm = trainer.strategy.reduce_boolean_decision(self.stop == "SIGTERM", all=False)
             self.stop, self._asked = "SIGTERM" if sigterm else "Ctrl-C", True  # one message and status on every process
         return self._asked
@@ -114,15 +106,17 @@ class LastCheckpoint(Checkpoint):
     on_train_batch_start = on_train_epoch_start = on_train_end = _raise_if_stopping
 
     @staticmethod
-    def _epoch_ran_out(trainer: L.Trainer) -> bool:
-        """Whether the epoch under way has had its last batch."""
+    def _epoch_ran_out(trainer: L.Trainer) -> bool:  # the epoch under way has had its last batch
         progress = trainer.fit_loop.epoch_loop.batch_progress
         return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
 
-    @staticmethod
-    def _fit_ends(trainer: L.Trainer) -> bool:
-        """Whether fit ends in this epoch: ``max_steps`` reached, or a request to stop that Lightning honours."""
-        return 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.fit_loop.epoch_loop.done
+    def _save_if_due(self, trainer: L.Trainer, asked: bool) -> None:
+        """Save at a stop ``asked``, the epoch's last step, fit's last (``max_steps``, or a stop Lightning honours), or
+        another callback's save; a stop asked then raises at the next hook."""
+        ends = 0 <= trainer.max_steps <= trainer.global_step or trainer.should_stop and trainer.fit_loop.epoch_loop.done
+        if asked or ends or self._epoch_ran_out(trainer) or self._others_saved_at == trainer.global_step:
+            self.save(trainer)
+        self._stopping = asked
 
     @staticmethod
     def _validates_next(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -145,9 +139,7 @@ class LastCheckpoint(Checkpoint):
         asked, honoured = self._ask(trainer), trainer.should_stop and trainer.fit_loop.epoch_loop.done
         if ran_out and trainer.max_steps < 0 or self._validates_next(trainer, batch_idx) and not honoured:
             return  # saved after the validation or epoch's end that comes next (not one a stop request adds: Timer)
-        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
-            self.save(trainer)
-            self._stopping = asked
+        self._save_if_due(trainer, asked)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._forced = trainer.should_stop  # Lightning validates once more before it stops; a resume would not
@@ -156,10 +148,7 @@ class LastCheckpoint(Checkpoint):
         ran_out = self._epoch_ran_out(trainer)
         if trainer.sanity_checking or self._forced or self._stopping or ran_out and trainer.max_steps < 0:
             return  # after a forced validation, the step before it (saved then) is the exact state
-        asked = self._ask(trainer)
-        if asked or ran_out or self._fit_ends(trainer) or self._others_saved_at == trainer.global_step:
-            self.save(trainer)  # the epoch's end, if it comes next, runs again on the resume
-        self._stopping = asked
+        self._save_if_due(trainer, self._ask(trainer))  # the epoch's end, if it comes next, runs again on the resume
         self._raise_if_stopping()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -177,7 +166,6 @@ class LastCheckpoint(Checkpoint):
         self._others_saved_at = others
         if trainer.world_size > 1:
             self._raise_a_failed_save(trainer)
-        self.saved_step = trainer.global_step
 
     def _raise_a_failed_save(self, trainer: L.Trainer) -> None:
         """On every process (a broadcast), the error of a save that found no room on process 0, which writes."""

@@ -19,10 +19,9 @@ from gpt_lit.model import GPTConfig
 torch.serialization.add_safe_globals([GPTConfig])
 
 TRUST_OPTION = "--trust_checkpoint true"
-TRUST_HELP = (
-    "Load a checkpoint that holds more than tensors and plain data as the pickle it is: only for a file you trust, "
-    "as unpickling it runs whatever code it carries. Given per command; not recorded in the run's config.yaml."
-)
+TRUST_HELP = ("Load a checkpoint that holds more than tensors and plain data as the pickle it is: only for a file you "
+              "trust, as unpickling it runs whatever code it carries. Given per command; not recorded in the run's "
+              "config.yaml.")  # fmt: skip
 
 
 def cli_key(field: str) -> str:
@@ -40,15 +39,12 @@ def _config_fields(config: Any) -> dict[str, Any]:
 def refusal(path: str, error: BaseException) -> str:
     """The ``error:`` line for a checkpoint that ``weights_only`` refused, naming what it would have created."""
     message = str(error)
-    patterns = (r"GLOBAL (\S+) was not an allowed global", r"unsupported GLOBAL (\S+) whose module",
-                r"(?:but got|got) <class '([^']+)'>")  # fmt: skip
-    found = [m[1] for pattern in patterns if (m := re.search(pattern, message))]
-    needs = found[0] if found else one_line(message.split("WeightsUnpickler error:")[-1]) or type(error).__name__
-    return (
-        f"checkpoint {path} was not loaded: it needs {needs}, which is not plain data (tensors, "
-        f"numbers, strings, containers), and unpickling it would run code from the file; if you trust the file "
-        f"and where it came from, add {TRUST_OPTION}"
-    )
+    found = re.search(r"GLOBAL (\S+) (?:was not an allowed global|whose module)|got <class '([^']+)'>", message)
+    told = one_line(message.split("WeightsUnpickler error:")[-1]) or type(error).__name__  # torch's own words
+    needs = found and (found[1] or found[2]) or told
+    return (f"checkpoint {path} was not loaded: it needs {needs}, which is not plain data (tensors, numbers, strings, "
+            f"containers), and unpickling it would run code from the file; if you trust the file and where it came "
+            f"from, add {TRUST_OPTION}")  # fmt: skip
 
 
 def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], bool]:

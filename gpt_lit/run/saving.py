@@ -25,12 +25,11 @@ def no_room(path: Path, size: int, error: OSError) -> NoRoomError:
     saved = sorted((p for p in path.parent.glob("*.ckpt") if p.is_file()), key=lambda p: (p.name == "last.ckpt",
                    p.stat().st_mtime))  # fmt: skip
     kept = f"the last good checkpoint is {saved[-1]}" if saved else "no checkpoint had been saved before"
-    return NoRoomError(
-        f"no room to save checkpoint {path.name} in {path.parent} ({error.strerror}): it needs {size:,} bytes there "
-        f"({shutil.disk_usage(path.parent).free:,} free; the new file is written beside the old one before replacing "
-        f"it, so for a moment both take room); {kept}. Free some room, or log elsewhere with "
-        f"--trainer.logger.init_args.save_dir, and resume from it with --ckpt_path"
-    )
+    return NoRoomError(f"no room to save checkpoint {path.name} in {path.parent} ({error.strerror}): it needs "
+                       f"{size:,} bytes there ({shutil.disk_usage(path.parent).free:,} free; the new file is written "
+                       f"beside the old one before replacing it, so for a moment both take room); {kept}. Free some "
+                       f"room, or log elsewhere with --trainer.logger.init_args.save_dir, and resume from it with "
+                       f"--ckpt_path")  # fmt: skip
 
 
 REMOVE = object()  # what BackgroundCheckpointIO asks its thread to "save" for a removal
