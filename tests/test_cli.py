@@ -223,3 +223,13 @@ def test_no_bar_no_summary_or_the_configs_own_bar(tmp_path, capsys, caplog, monk
     bars = [line for line in out.split("\r") if line.startswith("Epoch 0: 100%")]  # Lightning's tqdm bar: stdout
     assert bars and "v_num=1" in bars[-1], out  # the second run: version_1
     assert "already configured" not in caplog.text  # Lightning's note that it makes no summary of its own
+
+
+def test_the_cli_class_takes_its_arguments_as_a_dict_as_lightningcli_does(tmp_path):
+    """``GPTLitCLI(..., args=<dict>)`` (a notebook's way, LightningCLI's ``parse_object``) builds what the dict says."""
+    args = {"model": {"lr": 0.001, "config": {"emb_dim": 32, "n_layers": 1, "n_heads": 2}},
+            "data": {"context_length": 32}, "trainer": {"accelerator": "cpu", "logger": False,
+                                                        "default_root_dir": str(tmp_path)}}  # fmt: skip
+    cli = GPTLitCLI(GPTLightning, TimeMachineData, run=False, args=args)
+    assert cli.model.hparams.lr == 0.001 and cli.model.model.cfg.emb_dim == 32
+    assert cli.model.model.cfg.context_length == 32  # linked from the data, as from the command line

@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer, __version__
 from lightning.pytorch.callbacks import Checkpoint
@@ -84,7 +85,10 @@ class GPTLitCLI(LightningCLI):
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        self.config = parser.parse_args(args)  # not LightningCLI's, which warns of main's list under pytest's argv
+        if isinstance(args, (dict, Namespace)):  # as LightningCLI's, which also warns of main's list under pytest
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
