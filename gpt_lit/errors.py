@@ -24,6 +24,12 @@ def say(kind: str, message: object) -> None:
     print(f"{kind}: {one_line(message)}", file=sys.stderr)
 
 
+def cli_key(field: str) -> str:
+    """Where a ``GPTConfig`` field is set on the command line (two come from the data), for the error lines."""
+    linked = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
+    return linked.get(field, f"model.config.{field}")
+
+
 def fail(message: object, status: int = 2) -> NoReturn:
     """Say ``error: <message>`` and exit with ``status``: 2, a mistake in the input; 130 or 143, a stop."""
     say("error", message)

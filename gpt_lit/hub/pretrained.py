@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gpt_lit.errors import GptLitError
+from gpt_lit.errors import GptLitError, cli_key
 from gpt_lit.hub.gpt2 import COMPUTED, CONFIG, DEFAULTS, conv1d, hf_name, missing_biases
 from gpt_lit.model import GPT, GPTConfig
-from gpt_lit.run.reading import cli_key
 
 # The released sizes on the hub: the name a user types -> the repository.
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from gpt_lit.errors import GptLitError, one_line, say
+from gpt_lit.errors import GptLitError, cli_key, one_line, say
 from gpt_lit.model import GPTConfig
 
 # GPTConfig: in the checkpoint of a GPTLightning made in Python. Process-wide, so Lightning's restore accepts it too.
@@ -22,12 +22,6 @@ TRUST_OPTION = "--trust_checkpoint true"
 TRUST_HELP = ("Load a checkpoint that holds more than tensors and plain data as the pickle it is: only for a file you "
               "trust, as unpickling it runs whatever code it carries. Given per command; not recorded in the run's "
               "config.yaml.")  # fmt: skip
-
-
-def cli_key(field: str) -> str:
-    """Where a ``GPTConfig`` field is set on the command line (two come from the data), for the error lines."""
-    linked = {"context_length": "data.context_length", "vocab_size": "vocab_size (from data.tokenizer)"}
-    return linked.get(field, f"model.config.{field}")
 
 
 def _config_fields(config: Any) -> dict[str, Any]:
