@@ -72,3 +72,19 @@ def test_ckpt_path_last_without_config_looks_under_a_home_default_root_dir(tiny_
     config = yaml.safe_load(out)
     assert config["model"]["config"]["emb_dim"] == 32  # the run's own config
     assert config["ckpt_path"] == str(tiny_run.version / "checkpoints" / "last.ckpt")
+
+
+def test_a_bad_value_in_the_runs_config_yaml_is_named_with_that_file_and_line(tiny_run, capsys, tmp_path):
+    """validate on a run's checkpoint reads the run's config.yaml: a value there that cannot be used is the file's,
+    named with its line, not the command line's."""
+    run = tmp_path / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").symlink_to(tiny_run.version / "checkpoints" / "last.ckpt")
+    lines = (tiny_run.version / "config.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("lr:"))
+    lines[at] = lines[at].split("lr:")[0] + "lr: fast"
+    (run / "config.yaml").write_text("\n".join(lines) + "\n")
+    code, out, err = run_main(capsys, "validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"))
+    assert code == 2
+    assert err.startswith("error: model.lr: expected float, got 'fast'") and err.count("\n") == 1, err
+    assert f"in {run / 'config.yaml'}, line {at + 1}" in err, err

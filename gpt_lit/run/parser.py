@@ -105,7 +105,9 @@ class GPTLitParser(LightningArgumentParser):
         if found is None:
             return config
         self.default_config_files = [glob.escape(found[0])]  # under the command line, as a --config given first
+        self.reading = found[0]  # the command line alone parsed above: what fails now is the file's
         config = super().parse_args(args, namespace, **kwargs)
+        self.reading = None
         config.ckpt_path = found[1]  # "last"/"best" as found in the run
         return config
 
