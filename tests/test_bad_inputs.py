@@ -3,21 +3,17 @@ checkpoint or writes anything: the run folder it would have written into is left
 config.yaml, no event file, no new folder), beside the outputs of the earlier commands that succeeded.
 
 The commands run on a copy of the session's tiny run, where a `predict --ckpt_path last` and a `test --ckpt_path
-last` have already written predict/last/ and test/last/. One, which would start a second process, runs as a reader
-types it (a new process, its stderr read whole); the others in this process (``main``), where Lightning's lines are
-log records.
+last` have already written predict/last/ and test/last/, in this process (``main``), where Lightning's lines are log
+records. The bad input that needs two processes (fewer prompts than processes) is a step of tests/test_ddp.py's.
 """
 
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from gpt_lit import book_source
 from gpt_lit.run.cli import main
@@ -50,28 +46,6 @@ def everything(root: Path) -> dict[str, tuple[bytes, int] | None]:
         str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
         for p in root.rglob("*")
     }
-
-
-def run_command(root: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m gpt_lit <args>` in ``root``, as a reader runs it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "gpt_lit", *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
-def test_fewer_prompts_than_processes_write_nothing(runs):
-    before = everything(runs)
-    done = run_command(runs, *PREDICT, "--data.prompts", '["The Time Traveller"]', "--trainer.devices", "2",
-                       "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu")  # fmt: skip
-    assert done.returncode == 2, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
-        "error: 1 prompt(s) for 2 processes: predict continues each prompt on one process, so give at least 2 "
-        "prompts, or run predict on one process (--trainer.devices 1)"
-    ]
-    assert "Traceback" not in done.stderr and "Restoring states" not in done.stderr
-    assert everything(runs) == before
 
 
 def fails_alone(runs: Path, monkeypatch, caplog, capsys, *args: str) -> tuple[str, list[str]]:

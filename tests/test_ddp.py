@@ -3,7 +3,8 @@
 The book cut as the shipped config cuts it, a window every 128 tokens, and a tiny model with windows of 32 tokens:
 317 training and 37 validation windows, so two processes get 19 and 18 validation windows. ONE pair of
 processes (``ddp``, once per module) runs the steps of ``STEPS`` one after another, each as `python -m gpt_lit
-<step>` would (``gpt_lit.run.cli.main``): `fit` (process 1's loss turns NaN in epoch 1), then `test`, `validate` and
+<step>` would (``gpt_lit.run.cli.main``): `predict` with one prompt for the two processes (refused before process 1
+is started, as a reader's command is), `fit` (process 1's loss turns NaN in epoch 1), then `test`, `validate` and
 `predict` on the checkpoint it left, SIGTERM to either process, tests/test_resume_windows.py's run resumed mid-epoch
 (a one-process run made here first: refused), the run SIGTERM stopped resumed, and a full disk. Lightning starts
 process 1 itself, by running the same script again, as it does for `python -m gpt_lit`. Each step's stdout, stderr
@@ -14,6 +15,7 @@ process (``main``).
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, residual_without_throughput, run_session, scalars
+from test_bad_inputs import everything
 from test_resume_windows import Uninterrupted, epoch_order, uninterrupted_run
 
 from gpt_lit.run.cli import main
@@ -120,7 +123,10 @@ def sigterm(rank: int) -> tuple[str, list[str]]:
 
 
 DISK_FULL_AT_STEP_3 = '--trainer.callbacks+={"class_path": "poison.FillTheDisk", "init_args": {"step": 3, "rank": 0}}'
+ONE_PROMPT = ["predict", *RUN, *DDP, "--data.prompts", '["The Time Traveller"]', "--trainer.logger.init_args.save_dir",
+              "one_prompt", "--ckpt_path", "one_prompt/model.ckpt"]  # fmt: skip
 STEPS = [
+    ("one_prompt", ONE_PROMPT),  # first: process 1 is not started yet
     ("fit", ["fit", *RUN, *DDP, "--trainer.max_epochs", "2", POISON_AT_STEP_3]),  # 2 epochs of 2 steps
     ("test", ["test", *LAST, *DDP]),
     ("validate", ["validate", *LAST, *DDP, "--trainer.logger.init_args.name", "validate"]),
@@ -162,6 +168,7 @@ def resume_steps(run: Uninterrupted) -> list[tuple[str, list[str]]]:
 class TwoProcesses:
     cwd: Path  # where the steps ran: lightning_logs/ is here
     uninterrupted: Uninterrupted  # the one-process run that the step "resumed" resumes
+    one_prompt: dict  # the folder the step "one_prompt" predicts into, before the steps ran (everything())
 
     def step(self, name: str) -> tuple[list[int], str, str]:
         """A step's exit status on each process, and their stdout and stderr (process 0's, then process 1's)."""
@@ -183,8 +190,11 @@ def ddp(tmp_path_factory) -> TwoProcesses:
     (cwd / "poison.py").write_text(POISON)
     (cwd / "session.py").write_text(SESSION)
     (cwd / "steps.json").write_text(json.dumps([*STEPS, *resumes, FULL_DISK]))
+    (cwd / "one_prompt").mkdir()
+    shutil.copy(uninterrupted.step3, cwd / "one_prompt" / "model.ckpt")
+    one_prompt = everything(cwd / "one_prompt")
     run_session(cwd, [cwd, Path(__file__).parent, REPO], timeout=400)
-    ran = TwoProcesses(cwd, uninterrupted)
+    ran = TwoProcesses(cwd, uninterrupted, one_prompt)
     _, _, err = ran.step("fit")
     assert "GLOBAL_RANK: 1" in err and "distributed_backend=gloo" in err, err[-3000:]
     return ran
@@ -216,6 +226,18 @@ def test_a_nan_on_one_process_stops_both_with_one_line(ddp):
     ckpt = torch.load(ddp.cwd / last, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2  # after epoch 0
     assert len(ckpt["callbacks"]["RNGState"]["ranks"]) == 2  # each process's generators, for its dropout masks
+
+
+def test_fewer_prompts_than_processes_write_nothing(ddp):
+    codes, _, err = ddp.step("one_prompt")
+    assert codes == [2, 2], err[-3000:]  # process 0's as a reader types it; process 1's when Lightning starts it
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: 1 prompt(s) for 2 processes: predict continues each prompt on one process, so give at least 2 "
+        "prompts, or run predict on one process (--trainer.devices 1)"
+    ]
+    assert "Traceback" not in err and "Restoring states" not in err
+    assert everything(ddp.cwd / "one_prompt") == ddp.one_prompt  # the folder it would predict into, as it was
 
 
 def test_a_full_disk_on_process_0_stops_both_with_one_line_and_keeps_the_last_checkpoint(ddp):

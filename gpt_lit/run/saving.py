@@ -55,20 +55,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def write(self, checkpoint: dict[str, Any], path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()  # serialized first: the full disk's line gives the size
-        torch.save(checkpoint, buffer)
         part = path.with_name(f".{path.name}.part")
         try:
             with open(part, "wb") as f:
-                f.write(buffer.getbuffer())
+                torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())  # on the disk before it takes the name
             os.replace(part, path)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:
             part.unlink(missing_ok=True)
-            if e.errno not in NO_ROOM:
+            error = e if isinstance(e, OSError) else e.__context__  # torch's zip writer raises over the write's error
+            if not isinstance(error, OSError) or error.errno not in NO_ROOM:
                 raise
-            self.failed = no_room(path, buffer.getbuffer().nbytes, e)
+            size = io.BytesIO()
+            torch.save(checkpoint, size)  # the line gives the size the file needs
+            self.failed = no_room(path, size.getbuffer().nbytes, error)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         if self.failed is None:
