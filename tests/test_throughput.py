@@ -100,3 +100,20 @@ def test_a_dtype_without_a_fast_kernel_is_measured_on_a_small_matmul_only(monkey
         assert sizes == [512]
     finally:
         flops.measured_peak.cache_clear()
+
+
+def test_predict_measures_no_peak(monkeypatch):
+    # Generation has no FLOP count (tokens per second only): predict spends no time measuring a peak it cannot use.
+    from gpt_lit import flops
+
+    measured = []
+    monkeypatch.setattr(flops, "matmul_peak", lambda *args, **kwargs: measured.append(args) or 1e10)
+    flops.measured_peak.cache_clear()
+    try:
+        module = GPTLightning(GPTConfig(context_length=T, emb_dim=32, n_layers=2, n_heads=2), max_new_tokens=2)
+        callback = Throughput(window_size=2)
+        trainer = L.Trainer(**QUIET_TRAINER, logger=False, callbacks=[callback])
+        trainer.predict(module, TimeMachineData(context_length=T, prompts=["I saw", "It was"]))
+        assert measured == [] and callback.peak is None
+    finally:
+        flops.measured_peak.cache_clear()

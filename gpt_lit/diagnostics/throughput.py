@@ -45,7 +45,7 @@ class Throughput(ThroughputMonitor):
         self.listed_flops = flops
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.peak is None:
+        if self.peak is None and stage != "predict":  # generation counts no FLOPs: no MFU, no peak to measure
             device, dtype = trainer.strategy.root_device, matmul_dtype(str(trainer.precision))
             self.peak = measured_peak(device, dtype, torch.get_num_threads())
         super().setup(trainer, pl_module, stage)
