@@ -175,30 +175,27 @@ def test_early_stopping_mid_epoch_saves_where_a_longer_run_goes_on_exactly(tmp_p
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-5), tag
 
 
-@pytest.mark.xfail(strict=True, reason="known: LastCheckpoint saves an epoch's end in on_train_epoch_end, from which "
-                   "Lightning's restore under a new max_steps counts that epoch twice")
 @pytest.mark.parametrize("val_batches", ["1", "0"], ids=["validated", "no_validation"])
-def test_an_epochs_end_without_max_steps_resumed_with_max_steps_goes_on_as_one_run(tmp_path, val_batches):
-    # One epoch of 3 steps saved without max_steps, resumed with max_steps 5: epoch 1's first 2 steps, as in one
-    # run with max_steps 5 (each step logged once, at its own step; the same weights).
-    args = [*SCHEDULE_RUN, "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", val_batches]
-    more = ["--trainer.max_epochs", "-1", "--trainer.max_steps", "5"]
-    main(["fit", *args, *more, "--trainer.logger.init_args.save_dir", str(tmp_path / "one")])
-    logs = ["--trainer.logger.init_args.save_dir", str(tmp_path / "two")]
-    main(["fit", *args, "--trainer.max_epochs", "1", *logs])
-    run = tmp_path / "two" / "residual" / "version_0"
-    main(["fit", *args, *more, *logs, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
-          "--trainer.logger.init_args.version", "0"])  # fmt: skip
-    one = tmp_path / "one" / "residual" / "version_0"
-    want, got = train_steps(one), train_steps(run)
-    assert [s for s, _ in want["loss/train_step"]] == [0, 1, 2, 3, 4]
-    for tag in ("loss/train_step", "epoch", *(["loss/val"] if val_batches == "1" else [])):
-        assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
-        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], abs=1e-5), tag
-    final, same = (torch.load(r / "checkpoints" / "last.ckpt", weights_only=False) for r in (run, one))
-    assert final["global_step"] == same["global_step"] == 5 and final["epoch"] == same["epoch"]
-    for name, weight in same["state_dict"].items():
-        torch.testing.assert_close(final["state_dict"][name], weight, atol=1e-5, rtol=0, msg=name)
+def test_an_epochs_end_without_max_steps_resumed_with_max_steps_is_refused_with_one_line(tmp_path, val_batches, capsys):
+    # Saved at epoch 0's end by a run without max_steps; Lightning's restore under a max_steps would run that epoch's
+    # end twice (epoch 1 counted as 2, its hooks again), so the resume says what to do instead, and writes nothing.
+    args = [*SCHEDULE_RUN, "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", val_batches,
+            "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+    main(["fit", *args, "--trainer.max_epochs", "1"])
+    run = tmp_path / "residual" / "version_0"
+    last = run / "checkpoints" / "last.ckpt"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *args, "--trainer.max_epochs", "-1", "--trainer.max_steps", "5", "--ckpt_path", str(last),
+              "--trainer.logger.init_args.version", "0"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: --ckpt_path {last} was saved at an epoch's end, from which Lightning's restore under a max_steps "
+        f"runs that epoch's end twice: resume with --trainer.max_epochs, without --trainer.max_steps"
+    ]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_max_steps_at_an_epochs_end_then_test_best_uses_the_best_file(tmp_path):

@@ -36,6 +36,10 @@ def make_plan(subcommand: str, config: Namespace) -> RunPlan:
     if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
         ckpt, needed_trust = read_checkpoint(path, trusted)
         contents, weights_only = contents_of(ckpt), not needed_trust
+        if subcommand == "fit" and contents.epoch_end and config.get("trainer.max_steps", -1) not in (None, -1):
+            raise GptLitError(f"--ckpt_path {path} was saved at an epoch's end, from which Lightning's restore under a "
+                              "max_steps runs that epoch's end twice: resume with --trainer.max_epochs, without "
+                              "--trainer.max_steps")  # fmt: skip
     return RunPlan(subcommand, path, weights_only, contents, run_of(path))
 
 

@@ -72,15 +72,18 @@ class CheckpointContents:
     config: dict[str, Any]  # the GPTConfig fields in its hyperparameters ({} when it has none)
     shapes: dict[str, tuple[int, ...]]  # each state_dict tensor's shape
     data_state: dict[str, Any]  # the training loader's state (epoch_order.TrainLoader), {} when it has none
+    epoch_end: bool  # saved in on_train_epoch_end (the fit loop's epoch processed, not yet completed)
 
 
 def contents_of(ckpt: dict[str, Any]) -> CheckpointContents:
     fit_loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
     loader_states = fit_loop.get("state_dict", {}).get("combined_loader") or [{}]  # as Lightning's fit loop saves
+    epochs = fit_loop.get("epoch_progress", {}).get("total", {})
     return CheckpointContents(
         config=_config_fields((ckpt.get("hyper_parameters") or {}).get("config")),
         shapes={k: tuple(getattr(v, "shape", ())) for k, v in ckpt["state_dict"].items()},
         data_state=copy.deepcopy(loader_states[0]),  # a copy: no view into the file
+        epoch_end=epochs.get("processed", 0) == epochs.get("completed", 0) + 1,
     )
 
 
