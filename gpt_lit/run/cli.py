@@ -35,20 +35,6 @@ from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO
 from gpt_lit.tokenizer import vocab_size
 
 
-def check_writable(trainer: Trainer) -> None:
-    """Raise a GptLitError unless the folders the logs and checkpoints go to can be written."""
-    for folder in [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as e:
-            raise GptLitError(
-                f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "
-                f"--trainer.logger.init_args.save_dir (or --trainer.default_root_dir without a logger)"
-            ) from None
-
-
 class GPTLitCLI(LightningCLI):
     """LightningCLI with the run plan made as the command line is parsed; a stop ends with how to resume."""
 
@@ -99,7 +85,7 @@ class GPTLitCLI(LightningCLI):
             raise GptLitError(f"model.inspect is for predict (a page for each prompt), not {subcommand}: leave it out")
         check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
         local_folders(config.trainer)  # before the plan looks for a run in them
-        self.plan = make_plan(subcommand, config)
+        self.plan = make_plan(config)
         config.trust_checkpoint = False  # given per command, not recorded in config.yaml
         # else LightningCLI reads the file again for its hyperparameters, over --model.*; put back resolved, below
         config.ckpt_path = None
@@ -113,11 +99,11 @@ class GPTLitCLI(LightningCLI):
         plan = self.plan
         if plan is None:
             return
-        config = self.config[plan.subcommand]
+        config = self.config[self.subcommand]
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
-        if plan.subcommand in ("validate", "test", "predict"):
-            log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
-        if plan.subcommand == "fit":
+        if self.subcommand in ("validate", "test", "predict"):
+            log_beside_run(config, self.subcommand, plan.ckpt_path, plan.run)
+        if self.subcommand == "fit":
             continue_run(config, plan.run)  # a resume: each logger in the run's folder
             self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
         # model.init_from fetched (or its error line) on process 0, before the slow build of the model
@@ -136,7 +122,6 @@ class GPTLitCLI(LightningCLI):
         self.datamodule.check_inputs(self.subcommand)  # the book, the prompts: before the Trainer says a word
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         callbacks, plugins = (listed(config.get(key)) for key in ("callbacks", "plugins"))
-        self.last_checkpoint = None
         if self.subcommand != "fit" or config.get("enable_checkpointing") is False:
             # off means the config's checkpoint callbacks too (else one reloads its state and warns of its dirpath)
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
@@ -156,17 +141,27 @@ class GPTLitCLI(LightningCLI):
         """The plan's checkpoint fits the model (and a resume the data's order); Lightning loads it as planned."""
         plan = self.plan
         assert plan is not None
-        if plan.contents is not None and plan.ckpt_path:
-            check_architecture(plan.ckpt_path, plan.contents, self.model)
-            if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch
-                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path, self.trainer.world_size)
-        self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
+        if plan.shapes is not None and plan.ckpt_path:
+            check_architecture(plan.ckpt_path, plan.config, plan.shapes, self.model)
+            if self.subcommand == "fit":  # a mid-epoch resume that would change the epoch
+                self.datamodule.check_resume(plan.data_state, plan.ckpt_path, self.trainer.world_size)
+        self.config_init[self.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:
         """Before the Trainer writes: the checkpoint and inputs checked, the folders writable, the CSV logs kept."""
         self.check_checkpoint()
         self.datamodule.check_inputs(self.subcommand, self.trainer.world_size)  # one prompt or batch a process
-        check_writable(self.trainer)
+        folders = [logger.save_dir for logger in self.trainer.loggers if logger.save_dir]
+        for folder in folders or [self.trainer.default_root_dir]:
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as e:
+                raise GptLitError(
+                    f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "
+                    f"--trainer.logger.init_args.save_dir (or --trainer.default_root_dir without a logger)"
+                ) from None
         if self.last_checkpoint is not None:
             self.last_checkpoint.read_csv_logs(self.trainer)
 

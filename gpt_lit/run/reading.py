@@ -1,7 +1,6 @@
 """Reading a checkpoint before Lightning restores it: there, readable, of the configured architecture, and loaded
 with ``weights_only`` (unpickling runs any code a file carries) unless the reader trusts it (``--trust_checkpoint``)."""
 
-import copy
 import dataclasses
 import pickle
 import re
@@ -24,7 +23,7 @@ TRUST_HELP = ("Load a checkpoint that holds more than tensors and plain data as 
               "config.yaml.")  # fmt: skip
 
 
-def _config_fields(config: Any) -> dict[str, Any]:
+def config_fields(config: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(config):
         return dataclasses.asdict(config)
     return dict(config) if isinstance(config, dict) else {}
@@ -66,30 +65,11 @@ def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], boo
     return ckpt, trusted
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointContents:
-    """What the checks before a restore need, without the tensors (which would keep the mapped file open)."""
-    config: dict[str, Any]  # the GPTConfig fields in its hyperparameters ({} when it has none)
-    shapes: dict[str, tuple[int, ...]]  # each state_dict tensor's shape
-    data_state: dict[str, Any]  # the training loader's state (epoch_order.TrainLoader), {} when it has none
-
-
-def contents_of(ckpt: dict[str, Any]) -> CheckpointContents:
-    fit_loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
-    loader_states = fit_loop.get("state_dict", {}).get("combined_loader") or [{}]  # as Lightning's fit loop saves
-    return CheckpointContents(
-        config=_config_fields((ckpt.get("hyper_parameters") or {}).get("config")),
-        shapes={k: tuple(getattr(v, "shape", ())) for k, v in ckpt["state_dict"].items()},
-        data_state=copy.deepcopy(loader_states[0]),  # a copy: no view into the file
-    )
-
-
-def check_architecture(path: str, contents: CheckpointContents, model: LightningModule) -> None:
-    """Raise a GptLitError naming the differing GPTConfig fields (but dropout) and tensor shapes, if any."""
-    theirs, ours = contents.config, _config_fields(model.hparams.get("config"))
+def check_architecture(path: str, theirs: dict[str, Any], saved: dict[str, tuple], model: LightningModule) -> None:
+    """Raise a GptLitError naming the GPTConfig fields (but dropout) and tensor shapes that differ from the file's."""
+    ours, wanted = config_fields(model.hparams.get("config")), model.state_dict()
     details = [f"{cli_key(k)} is {theirs[k]!r} in the checkpoint but {ours[k]!r} here"
                for k in ours if k in theirs and k != "dropout" and theirs[k] != ours[k]]  # fmt: skip
-    saved, wanted = contents.shapes, model.state_dict()
     shapes = [f"{k} {list(saved[k])} vs {list(v.shape)}" for k, v in wanted.items() if saved.get(k, v.shape) != v.shape]
     missing, unexpected = [k for k in wanted if k not in saved], [k for k in saved if k not in wanted]
     if shapes:

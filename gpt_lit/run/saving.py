@@ -21,17 +21,6 @@ class NoRoomError(GptLitError):
     """A checkpoint did not fit on the disk (or under a size limit or quota); the previous one is whole."""
 
 
-def no_room(path: Path, size: int, error: OSError) -> NoRoomError:
-    saved = sorted((p for p in path.parent.glob("*.ckpt") if p.is_file()), key=lambda p: (p.name == "last.ckpt",
-                   p.stat().st_mtime))  # fmt: skip
-    kept = f"the last good checkpoint is {saved[-1]}" if saved else "no checkpoint had been saved before"
-    return NoRoomError(f"no room to save checkpoint {path.name} in {path.parent} ({error.strerror}): it needs "
-                       f"{size:,} bytes there ({shutil.disk_usage(path.parent).free:,} free; the new file is written "
-                       f"beside the old one before replacing it, so for a moment both take room); {kept}. Free some "
-                       f"room, or log elsewhere with --trainer.logger.init_args.save_dir, and resume from it with "
-                       f"--ckpt_path")  # fmt: skip
-
-
 REMOVE = object()  # what BackgroundCheckpointIO asks its thread to "save" for a removal
 
 
@@ -69,7 +58,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise
             size = io.BytesIO()
             torch.save(checkpoint, size)  # the line gives the size the file needs
-            self.failed = no_room(path, size.getbuffer().nbytes, error)
+            saved = sorted((p for p in path.parent.glob("*.ckpt") if p.is_file()),
+                           key=lambda p: (p.name == "last.ckpt", p.stat().st_mtime))  # fmt: skip
+            kept = f"the last good checkpoint is {saved[-1]}" if saved else "no checkpoint had been saved before"
+            self.failed = NoRoomError(
+                f"no room to save checkpoint {path.name} in {path.parent} ({error.strerror}): it needs "
+                f"{size.getbuffer().nbytes:,} bytes there ({shutil.disk_usage(path.parent).free:,} free; the new file "
+                f"is written beside the old one before replacing it, so for a moment both take room); {kept}. Free "
+                f"some room, or log elsewhere with --trainer.logger.init_args.save_dir, and resume from it with "
+                f"--ckpt_path")  # fmt: skip
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         if self.failed is None:
@@ -94,10 +91,8 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         super().save_checkpoint(REMOVE, path)
 
-    def wait(self) -> None:
-        super().teardown()
+    wait = AsyncCheckpointIO.teardown  # every save asked so far written (and a save's exception raised)
 
     def teardown(self) -> None:
-        self.wait()
-        if self.checkpoint_io is not None:
-            self.checkpoint_io.teardown()  # the wrapped plugin's failure, which Lightning's does not raise
+        super().teardown()
+        self.checkpoint_io.teardown()  # the wrapped plugin's failure, which Lightning's does not raise
