@@ -9,7 +9,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer, __version__
 from lightning.pytorch.callbacks import Checkpoint
@@ -71,10 +70,7 @@ class GPTLitCLI(LightningCLI):
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if isinstance(args, (dict, Namespace)):  # as LightningCLI's, which also warns of main's list under pytest
-            self.config = parser.parse_object(args)
-        else:
-            self.config = parser.parse_args(args)
+        super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -129,7 +125,7 @@ class GPTLitCLI(LightningCLI):
         else:
             self.last_checkpoint = LastCheckpoint()
             callbacks.append(self.last_checkpoint)
-        callbacks.append(FiniteLoss(self.last_checkpoint))
+        callbacks.append(FiniteLoss())
         # Atomic saves on a thread beside training, unless --trainer.plugins gives a CheckpointIO that writes
         if not any(isinstance(p, CheckpointIO) and getattr(p, "checkpoint_io", p) for p in plugins):
             plugins = [p for p in plugins if not isinstance(p, CheckpointIO)] + [
