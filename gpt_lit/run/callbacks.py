@@ -38,8 +38,7 @@ class RNGState(Callback):
     """Every process's generators in each checkpoint, put back as a resumed fit starts training (after the sanity
     check), each process its own (process 0's under another number of processes)."""
 
-    def __init__(self) -> None:
-        self.restored: dict[str, Any] | None = None
+    restored: dict[str, Any] | None = None  # the checkpoint's states, until put back
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranks": [rng_states()]}

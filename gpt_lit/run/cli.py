@@ -83,8 +83,7 @@ class GPTLitCLI(LightningCLI):
         local_folders(config.trainer)  # before the plan looks for a run in them
         self.plan = make_plan(config)
         config.trust_checkpoint = False  # given per command, not recorded in config.yaml
-        # else LightningCLI reads the file again for its hyperparameters, over --model.*; put back resolved, below
-        config.ckpt_path = None
+        config.ckpt_path = None  # else LightningCLI loads its hyperparameters over --model.*; put back resolved below
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for (source, target), compute_fn in zip(LINKS, (None, vocab_size), strict=True):
@@ -200,7 +199,3 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         command = " ".join([PROG, *(sys.argv[1:] if args is None else args)])
         print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

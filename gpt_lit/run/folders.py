@@ -154,7 +154,12 @@ def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, ru
     """validate or test on ``<run>/checkpoints/X.ckpt`` log to ``<run>/<subcommand>/X/``, so that no new
     ``version_N`` becomes the newest run; predict logs nothing, writing into ``<run>/predict/X/`` or the next run."""
     if subcommand == "predict":
-        folder = run / "predict" / Path(ckpt_path).stem if run and ckpt_path else next_run(config.trainer)
+        if run and ckpt_path:
+            folder = run / "predict" / Path(ckpt_path).stem
+        elif (folder := runs_folder(config.trainer)) is not None:  # the logger's next run: its version, else the next N
+            version = next((init.get("version") for init in inits(config.trainer.get("logger"))), None)
+            version = next_version(folder) if version is None else version
+            folder = folder / (version if isinstance(version, str) else f"version_{version}")
         config.trainer.logger = False
         if folder is not None:
             config.trainer.default_root_dir = str(folder)
@@ -172,16 +177,6 @@ def continue_run(config: Namespace, run: Path | None) -> None:
     for init in inits(logger):
         if "version" in init and init.get("version") is None:
             init.version = version_number(run) if version_number(run) >= 0 else run.name
-
-
-def next_run(trainer: Namespace) -> Path | None:
-    """The run folder the configured logger would create: its ``version`` if set, else the next ``version_N``."""
-    folder = runs_folder(trainer)
-    if folder is None:
-        return None
-    version = inits(trainer.get("logger"))[0].get("version") if inits(trainer.get("logger")) else None
-    version = next_version(folder) if version is None else version
-    return folder / (version if isinstance(version, str) else f"version_{version}")
 
 
 def one_folder_per_run(trainer: Namespace) -> list[Namespace]:

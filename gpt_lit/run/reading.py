@@ -42,19 +42,18 @@ def refusal(path: str, error: BaseException) -> str:
 
 def read_checkpoint(path: str, trust: bool = False) -> tuple[dict[str, Any], bool]:
     """The checkpoint at ``path`` (memory-mapped) and whether it needed ``trust``; a GptLitError if it can't be read."""
-    file = Path(path)
-    if not file.exists():
+    if not Path(path).exists():
         raise GptLitError(f"checkpoint {path} does not exist")
     unreadable = f"{path} is not a readable checkpoint: truncated, or not a PyTorch file"
-    if not zipfile.is_zipfile(file):  # text, empty, cut short: torch.load's message would be about mmap
+    if not zipfile.is_zipfile(path):  # text, empty, cut short: torch.load's message would be about mmap
         raise GptLitError(f"{unreadable} (not a complete zip archive, as every checkpoint is)")
     try:
         try:
-            ckpt, trusted = torch.load(file, map_location="cpu", mmap=True, weights_only=True), False
+            ckpt, trusted = torch.load(path, map_location="cpu", mmap=True, weights_only=True), False
         except pickle.UnpicklingError as e:
             if not trust:
                 raise GptLitError(refusal(path, e)) from None
-            ckpt, trusted = torch.load(file, map_location="cpu", mmap=True, weights_only=False), True
+            ckpt, trusted = torch.load(path, map_location="cpu", mmap=True, weights_only=False), True
             say("warning", f"checkpoint {path} was loaded as code ({TRUST_OPTION}): any code it carries has run")
     except GptLitError:
         raise

@@ -29,10 +29,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     folder: a move to another filesystem copies over the old file); after a save that found no room (``failed``),
     nothing is written or removed, so that ModelCheckpoint's previous best stays."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.failed: NoRoomError | None = None
-        self.reported = False
+    failed: NoRoomError | None = None
+    reported = False  # failed handed out to be raised (failure)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if checkpoint is REMOVE:
