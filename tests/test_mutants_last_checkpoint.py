@@ -160,6 +160,9 @@ def test_last_ckpt_goes_beside_the_configs_model_checkpoint(tmp_path):
               monitor="val")]  # fmt: skip
     fit(tmp_path / "b", *beside, LastCheckpoint(), max_epochs=1)
     assert state(tmp_path / "best" / "last.ckpt") == (4, 1, 4)  # the one with a monitor first
+    fit(tmp_path / "d", ModelCheckpoint(dirpath=str(tmp_path / "every")), ModelCheckpoint(monitor="val"),
+        LastCheckpoint(), max_epochs=1)  # fmt: skip
+    assert state(tmp_path / "d" / "checkpoints" / "last.ckpt") == (4, 1, 4)  # the monitored one's: Lightning's folder
     fit(tmp_path / "c", LastCheckpoint(), max_epochs=1, logger=CSVLogger(str(tmp_path / "c"), name="run"))
     assert (tmp_path / "c" / "run" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 

@@ -13,6 +13,7 @@ from jsonargparse import Namespace
 from gpt_lit.errors import GptLitError
 from gpt_lit.run.folders import (
     best_of,
+    checkpoints_dirpath,
     continue_run,
     log_beside_run,
     newest_config_runs,
@@ -66,6 +67,20 @@ def test_predict_outside_a_run_writes_into_the_loggers_version_or_the_next_numbe
     assert written(default) == str(tmp_path / "lightning_logs" / "version_2")
     wandb = Namespace(class_path="x.WandbLogger", init_args=Namespace(project="p"))
     assert written(Namespace(logger=wandb, default_root_dir="kept")) == "kept"  # no run folder: where it was
+
+
+def test_last_ckpt_is_looked_for_beside_the_model_checkpoint_with_a_monitor(tmp_path):
+    def checkpoint(dirpath=None, monitor=None) -> Namespace:
+        init = Namespace(dirpath=dirpath, monitor=monitor)
+        return Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=init)
+
+    every = checkpoint(str(tmp_path / "every"))
+    assert checkpoints_dirpath(Namespace(callbacks=[every])) == tmp_path / "every"
+    assert checkpoints_dirpath(Namespace(callbacks=[every, checkpoint(monitor="loss/val")])) is None  # the run's
+    best = checkpoint(str(tmp_path / "best"), "loss/val")
+    assert checkpoints_dirpath(Namespace(callbacks=[every, best])) == tmp_path / "best"
+    assert checkpoints_dirpath(Namespace(callbacks=best)) == tmp_path / "best"  # one, not a list
+    assert checkpoints_dirpath(Namespace(callbacks=None)) is None
 
 
 def test_test_logs_into_the_run_and_predict_writes_beside_it(tmp_path):
