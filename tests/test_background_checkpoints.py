@@ -14,8 +14,8 @@ import torch
 from conftest import TINY, residual_without_diagnostics
 from lightning.pytorch.callbacks import Callback
 
+from gpt_lit.run.checkpoints import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
 from gpt_lit.run.cli import main
-from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
 
 
 class Gate(AtomicCheckpointIO):

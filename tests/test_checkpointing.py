@@ -19,9 +19,9 @@ from conftest import TINY, residual_without_diagnostics, residual_without_diagno
 from jsonargparse import Namespace
 
 from gpt_lit.errors import GptLitError
+from gpt_lit.run.checkpoints import AtomicCheckpointIO, NoRoomError
 from gpt_lit.run.cli import main
 from gpt_lit.run.folders import latest_checkpoint, runs_folder
-from gpt_lit.run.saving import AtomicCheckpointIO, NoRoomError
 
 RUN = [
     *TINY, "--data.eval_train", "false", "--data.eval_batch_size", "8",

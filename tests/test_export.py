@@ -24,7 +24,7 @@ from gpt_lit.hub.export import export_model
 from gpt_lit.hub.pretrained import load_pretrained
 from gpt_lit.model import GPT, GPTConfig, generate
 from gpt_lit.module import GPTLightning
-from gpt_lit.run.reading import read_checkpoint
+from gpt_lit.run.checkpoints import read_checkpoint
 from gpt_lit.tokenizer import get_tokenizer
 
 # The chapter's head is untied and its q, k, v have biases; GPT-2 ties the head. A context shorter than GPT-2's 1024

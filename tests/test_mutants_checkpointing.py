@@ -1,6 +1,6 @@
 """AtomicCheckpointIO's cases the training runs rarely reach: a folder that does not exist yet, a remote path, a full
 disk before any checkpoint, and what is written or removed after a save that found no room. In milliseconds, so that
-mutation testing (docs/testing.md) runs these for every mutant of gpt_lit/run/saving.py."""
+mutation testing (docs/testing.md) runs these for every mutant of gpt_lit/run/checkpoints.py."""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_checkpointing import file_size_limit
 
-from gpt_lit.run.saving import AtomicCheckpointIO, NoRoomError
+from gpt_lit.run.checkpoints import AtomicCheckpointIO, NoRoomError
 
 
 def test_a_checkpoint_goes_into_folders_made_for_it(tmp_path):

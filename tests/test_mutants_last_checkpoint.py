@@ -27,8 +27,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from gpt_lit.run.checkpoints import AtomicCheckpointIO, NoRoomError
 from gpt_lit.run.last_checkpoint import CTRL_C_MESSAGE, LastCheckpoint
-from gpt_lit.run.saving import AtomicCheckpointIO, NoRoomError
 
 
 class OneWeight(L.LightningModule):
@@ -160,6 +160,9 @@ def test_last_ckpt_goes_beside_the_configs_model_checkpoint(tmp_path):
               monitor="val")]  # fmt: skip
     fit(tmp_path / "b", *beside, LastCheckpoint(), max_epochs=1)
     assert state(tmp_path / "best" / "last.ckpt") == (4, 1, 4)  # the one with a monitor first
+    fit(tmp_path / "d", ModelCheckpoint(dirpath=str(tmp_path / "every")), ModelCheckpoint(monitor="val"),
+        LastCheckpoint(), max_epochs=1)  # fmt: skip
+    assert state(tmp_path / "d" / "checkpoints" / "last.ckpt") == (4, 1, 4)  # the monitored one's: Lightning's folder
     fit(tmp_path / "c", LastCheckpoint(), max_epochs=1, logger=CSVLogger(str(tmp_path / "c"), name="run"))
     assert (tmp_path / "c" / "run" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 

@@ -1,5 +1,6 @@
-"""Run folders without a training run: which folder a checkpoint's run is, where test and predict write, the next
-run's folder, a resumed run's loggers, ``--ckpt_path`` without ``--config``, the best checkpoint a last.ckpt names.
+"""Run folders without a training run: which folder a checkpoint's run is, where test and predict write (predict
+outside a run: the next run's folder), a resumed run's loggers, ``--ckpt_path`` without ``--config``, the best
+checkpoint a last.ckpt names.
 Folders and checkpoints made here by hand; in milliseconds, so that mutation testing (docs/testing.md) runs these for
 every mutant of gpt_lit/run/folders.py."""
 
@@ -12,10 +13,10 @@ from jsonargparse import Namespace
 from gpt_lit.errors import GptLitError
 from gpt_lit.run.folders import (
     best_of,
+    checkpoints_dirpath,
     continue_run,
     log_beside_run,
     newest_config_runs,
-    next_run,
     run_config,
     run_of,
 )
@@ -48,18 +49,38 @@ def test_a_checkpoints_run_is_the_folder_above_checkpoints_with_a_config_or_even
         assert run_of(name) is None, name
 
 
-def test_the_next_run_is_the_loggers_version_or_the_next_number(tmp_path):
+def test_predict_outside_a_run_writes_into_the_loggers_version_or_the_next_number(tmp_path):
     for version in ("version_0", "version_7", "version_x", "other"):
         (tmp_path / "tiny" / version).mkdir(parents=True)
-    assert next_run(Namespace(logger=logger(tmp_path))) == tmp_path / "tiny" / "version_8"
-    assert next_run(Namespace(logger=logger(tmp_path, name="new"))) == tmp_path / "new" / "version_0"
-    assert next_run(Namespace(logger=logger(tmp_path, version=3))) == tmp_path / "tiny" / "version_3"
-    assert next_run(Namespace(logger=logger(tmp_path, version="mine"))) == tmp_path / "tiny" / "mine"
+
+    def written(trainer: Namespace) -> str | None:  # where predict writes, logging nothing
+        log_beside_run(Namespace(ckpt_path=None, trainer=trainer), "predict", None, None)
+        assert trainer.logger is False
+        return trainer.get("default_root_dir")
+
+    assert written(Namespace(logger=logger(tmp_path))) == str(tmp_path / "tiny" / "version_8")
+    assert written(Namespace(logger=logger(tmp_path, name="new"))) == str(tmp_path / "new" / "version_0")
+    assert written(Namespace(logger=logger(tmp_path, version=3))) == str(tmp_path / "tiny" / "version_3")
+    assert written(Namespace(logger=logger(tmp_path, version="mine"))) == str(tmp_path / "tiny" / "mine")
     (tmp_path / "lightning_logs" / "version_1").mkdir(parents=True)
     default = Namespace(logger=True, default_root_dir=str(tmp_path))
-    assert next_run(default) == tmp_path / "lightning_logs" / "version_2"
-    no_folder = Namespace(logger=Namespace(class_path="x.WandbLogger", init_args=Namespace(project="p")))
-    assert next_run(no_folder) is None
+    assert written(default) == str(tmp_path / "lightning_logs" / "version_2")
+    wandb = Namespace(class_path="x.WandbLogger", init_args=Namespace(project="p"))
+    assert written(Namespace(logger=wandb, default_root_dir="kept")) == "kept"  # no run folder: where it was
+
+
+def test_last_ckpt_is_looked_for_beside_the_model_checkpoint_with_a_monitor(tmp_path):
+    def checkpoint(dirpath=None, monitor=None) -> Namespace:
+        init = Namespace(dirpath=dirpath, monitor=monitor)
+        return Namespace(class_path="lightning.pytorch.callbacks.ModelCheckpoint", init_args=init)
+
+    every = checkpoint(str(tmp_path / "every"))
+    assert checkpoints_dirpath(Namespace(callbacks=[every])) == tmp_path / "every"
+    assert checkpoints_dirpath(Namespace(callbacks=[every, checkpoint(monitor="loss/val")])) is None  # the run's
+    best = checkpoint(str(tmp_path / "best"), "loss/val")
+    assert checkpoints_dirpath(Namespace(callbacks=[every, best])) == tmp_path / "best"
+    assert checkpoints_dirpath(Namespace(callbacks=best)) == tmp_path / "best"  # one, not a list
+    assert checkpoints_dirpath(Namespace(callbacks=None)) is None
 
 
 def test_test_logs_into_the_run_and_predict_writes_beside_it(tmp_path):

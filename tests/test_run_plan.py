@@ -62,23 +62,23 @@ def test_last_is_the_newest_runs_file_read_once(tmp_path, loads):
     save_run(tmp_path, 0)
     loops = {"fit_loop": {"state_dict": {"combined_loader": [LOADER_STATE]}}}  # where Lightning saves it
     path, state = save_run(tmp_path, 1, loops=loops)
-    plan = make_plan("fit", fit_config(tmp_path, "last"))
-    assert (plan.subcommand, plan.ckpt_path, plan.run) == ("fit", str(path), path.parent.parent)
+    plan = make_plan(fit_config(tmp_path, "last"))
+    assert (plan.ckpt_path, plan.run) == (str(path), path.parent.parent)
     assert loads == [str(path)]  # one read, of that file
     assert plan.weights_only
     # what the checks before the restore need, as the file has it
-    assert plan.contents.shapes == {k: tuple(v.shape) for k, v in state.items()}
-    assert plan.contents.config == vars(CONFIG) and plan.contents.data_state == LOADER_STATE
+    assert plan.shapes == {k: tuple(v.shape) for k, v in state.items()}
+    assert plan.config == vars(CONFIG) and plan.data_state == LOADER_STATE
 
 
 def test_a_file_only_lightning_reads_is_not_read(tmp_path, loads):
-    plan = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt"))
-    assert loads == [] and plan.contents is None and plan.run is None
+    plan = make_plan(fit_config(tmp_path, "s3://bucket/x.ckpt"))
+    assert loads == [] and plan.shapes is None and plan.run is None
     assert plan.ckpt_path == "s3://bucket/x.ckpt" and plan.weights_only
-    trusted = make_plan("test", fit_config(tmp_path, "s3://bucket/x.ckpt", trust=True))
+    trusted = make_plan(fit_config(tmp_path, "s3://bucket/x.ckpt", trust=True))
     assert not trusted.weights_only  # Lightning's restore loads it as the user trusts it
-    fresh = make_plan("fit", fit_config(tmp_path, None))
-    assert fresh.ckpt_path is None and fresh.contents is None
+    fresh = make_plan(fit_config(tmp_path, None))
+    assert fresh.ckpt_path is None and fresh.shapes is None
 
 
 def test_validate_reads_the_checkpoint_once_before_lightnings_restore(tmp_path, monkeypatch, loads):

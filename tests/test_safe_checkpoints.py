@@ -20,8 +20,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from gpt_lit.model import GPTConfig
+from gpt_lit.run.checkpoints import read_checkpoint
 from gpt_lit.run.cli import main
-from gpt_lit.run.reading import read_checkpoint
 
 RUN = [
     "--config", "residual", *TINY,  # the shipped config's callbacks, including its ModelCheckpoint

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from gpt_lit.errors import GptLitError
 from gpt_lit.hub.gpt2 import EOT_ID, hf_config, hf_state
 from gpt_lit.model import GPT
-from gpt_lit.run.reading import read_checkpoint
+from gpt_lit.run.checkpoints import read_checkpoint
 from gpt_lit.tokenizer import ENDOFTEXT, _bpe_files
 
 # What the folder holds.

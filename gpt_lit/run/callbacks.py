@@ -38,8 +38,7 @@ class RNGState(Callback):
     """Every process's generators in each checkpoint, put back as a resumed fit starts training (after the sanity
     check), each process its own (process 0's under another number of processes)."""
 
-    def __init__(self) -> None:
-        self.restored: dict[str, Any] | None = None
+    restored: dict[str, Any] | None = None  # the checkpoint's states, until put back
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranks": [rng_states()]}
@@ -65,9 +64,6 @@ class FiniteLoss(Callback):
     """Raise a GptLitError naming the step (and process) at a NaN or infinite loss, in ``on_before_backward`` so that
     the step changes no weight and nothing is saved after it; one all-gather a step stops every process together."""
 
-    def __init__(self, last_checkpoint: LastCheckpoint | None = None) -> None:
-        self.last_checkpoint = last_checkpoint  # whose file the message names as the last good one
-
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         losses = loss.detach().float().reshape(1)
         if trainer.world_size > 1:
@@ -79,7 +75,7 @@ class FiniteLoss(Callback):
         where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""
         if wait := getattr(trainer.strategy.checkpoint_io, "wait", None):  # saves written in the background
             wait()  # the message names the files as they will stay
-        last = self.last_checkpoint.saved_path if self.last_checkpoint else None  # none: checkpointing is off
+        last = next((c.saved_path for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
         raise GptLitError(f"the training loss is {losses[rank].item()} at step {trainer.global_step} (epoch "
                           f"{trainer.current_epoch}, batch {trainer.fit_loop.epoch_loop.batch_idx}{where}); training "

@@ -9,7 +9,6 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer, __version__
 from lightning.pytorch.callbacks import Checkpoint
@@ -26,27 +25,12 @@ from gpt_lit.hub.pretrained import fetch
 from gpt_lit.module import GPTLightning
 from gpt_lit.prompts import read_prompts
 from gpt_lit.run.callbacks import FiniteLoss, RNGState
+from gpt_lit.run.checkpoints import TRUST_HELP, AtomicCheckpointIO, BackgroundCheckpointIO, check_architecture, refusal
 from gpt_lit.run.console import quiet_callbacks, quiet_console
 from gpt_lit.run.folders import PROG, continue_run, listed, local_folders, log_beside_run, make_plan, one_folder_per_run
 from gpt_lit.run.last_checkpoint import LastCheckpoint
 from gpt_lit.run.parser import LINKS, ConfigFile, GPTLitParser, shipped_configs
-from gpt_lit.run.reading import TRUST_HELP, check_architecture, refusal
-from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO
 from gpt_lit.tokenizer import vocab_size
-
-
-def check_writable(trainer: Trainer) -> None:
-    """Raise a GptLitError unless the folders the logs and checkpoints go to can be written."""
-    for folder in [logger.save_dir for logger in trainer.loggers if logger.save_dir] or [trainer.default_root_dir]:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as e:
-            raise GptLitError(
-                f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "
-                f"--trainer.logger.init_args.save_dir (or --trainer.default_root_dir without a logger)"
-            ) from None
 
 
 class GPTLitCLI(LightningCLI):
@@ -85,10 +69,7 @@ class GPTLitCLI(LightningCLI):
         return parser
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if isinstance(args, (dict, Namespace)):  # as LightningCLI's, which also warns of main's list under pytest
-            self.config = parser.parse_object(args)
-        else:
-            self.config = parser.parse_args(args)
+        super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -99,10 +80,9 @@ class GPTLitCLI(LightningCLI):
             raise GptLitError(f"model.inspect is for predict (a page for each prompt), not {subcommand}: leave it out")
         check_accelerator(config.get("trainer.accelerator"))  # before the seed is set and the model built
         local_folders(config.trainer)  # before the plan looks for a run in them
-        self.plan = make_plan(subcommand, config)
+        self.plan = make_plan(config)
         config.trust_checkpoint = False  # given per command, not recorded in config.yaml
-        # else LightningCLI reads the file again for its hyperparameters, over --model.*; put back resolved, below
-        config.ckpt_path = None
+        config.ckpt_path = None  # else LightningCLI loads its hyperparameters over --model.*; put back resolved below
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for (source, target), compute_fn in zip(LINKS, (None, vocab_size), strict=True):
@@ -113,11 +93,11 @@ class GPTLitCLI(LightningCLI):
         plan = self.plan
         if plan is None:
             return
-        config = self.config[plan.subcommand]
+        config = self.config[self.subcommand]
         config.ckpt_path = plan.ckpt_path  # "last"/"best" resolved: config.yaml names the file
-        if plan.subcommand in ("validate", "test", "predict"):
-            log_beside_run(config, plan.subcommand, plan.ckpt_path, plan.run)
-        if plan.subcommand == "fit":
+        if self.subcommand in ("validate", "test", "predict"):
+            log_beside_run(config, self.subcommand, plan.ckpt_path, plan.run)
+        if self.subcommand == "fit":
             continue_run(config, plan.run)  # a resume: each logger in the run's folder
             self.versioned = one_folder_per_run(config.trainer)  # a new run: loggers of one folder, one version_N
         # model.init_from fetched (or its error line) on process 0, before the slow build of the model
@@ -136,7 +116,6 @@ class GPTLitCLI(LightningCLI):
         self.datamodule.check_inputs(self.subcommand)  # the book, the prompts: before the Trainer says a word
         config = (self.config_init[self.subcommand] if self.subcommand else self.config_init).get("trainer") or {}
         callbacks, plugins = (listed(config.get(key)) for key in ("callbacks", "plugins"))
-        self.last_checkpoint = None
         if self.subcommand != "fit" or config.get("enable_checkpointing") is False:
             # off means the config's checkpoint callbacks too (else one reloads its state and warns of its dirpath)
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
@@ -144,7 +123,7 @@ class GPTLitCLI(LightningCLI):
         else:
             self.last_checkpoint = LastCheckpoint()
             callbacks.append(self.last_checkpoint)
-        callbacks.append(FiniteLoss(self.last_checkpoint))
+        callbacks.append(FiniteLoss())
         # Atomic saves on a thread beside training, unless --trainer.plugins gives a CheckpointIO that writes
         if not any(isinstance(p, CheckpointIO) and getattr(p, "checkpoint_io", p) for p in plugins):
             plugins = [p for p in plugins if not isinstance(p, CheckpointIO)] + [
@@ -156,17 +135,31 @@ class GPTLitCLI(LightningCLI):
         """The plan's checkpoint fits the model (and a resume the data's order); Lightning loads it as planned."""
         plan = self.plan
         assert plan is not None
-        if plan.contents is not None and plan.ckpt_path:
-            check_architecture(plan.ckpt_path, plan.contents, self.model)
-            if plan.subcommand == "fit":  # a mid-epoch resume that would change the epoch
-                self.datamodule.check_resume(plan.contents.data_state, plan.ckpt_path, self.trainer.world_size)
-        self.config_init[plan.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
+        if plan.shapes is not None and plan.ckpt_path:
+            check_architecture(plan.ckpt_path, plan.config, plan.shapes, self.model)
+            if self.subcommand == "fit":  # a resume that would change the epoch, or count an epoch's end twice
+                self.datamodule.check_resume(plan.data_state, plan.ckpt_path, self.trainer.world_size)
+                if plan.epoch_end and self.trainer.max_steps != -1:
+                    raise GptLitError(f"--ckpt_path {plan.ckpt_path} was saved at an epoch's end, from which "
+                                      "Lightning's restore under a max_steps runs that epoch's end twice: resume with "
+                                      "--trainer.max_epochs, without --trainer.max_steps")  # fmt: skip
+        self.config_init[self.subcommand].weights_only = plan.weights_only  # passed to Trainer.<subcommand>
 
     def before_run(self) -> None:
         """Before the Trainer writes: the checkpoint and inputs checked, the folders writable, the CSV logs kept."""
         self.check_checkpoint()
         self.datamodule.check_inputs(self.subcommand, self.trainer.world_size)  # one prompt or batch a process
-        check_writable(self.trainer)
+        folders = [logger.save_dir for logger in self.trainer.loggers if logger.save_dir]
+        for folder in folders or [self.trainer.default_root_dir]:
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as e:
+                raise GptLitError(
+                    f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "
+                    f"--trainer.logger.init_args.save_dir (or --trainer.default_root_dir without a logger)"
+                ) from None
         if self.last_checkpoint is not None:
             self.last_checkpoint.read_csv_logs(self.trainer)
 
@@ -209,7 +202,3 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         command = " ".join([PROG, *(sys.argv[1:] if args is None else args)])
         print(f"error: unexpected {type(e).__name__} (a bug, not your input) while running: {command}", file=sys.stderr)
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

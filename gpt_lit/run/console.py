@@ -1,6 +1,6 @@
 """What a run prints: Lightning's bar, summary and losses, without Lightning's litlogger tip and note of a summary
 callback, PyTorch's ``LeafSpec`` FutureWarning, CSVLogger's "Previous log files ... will be deleted" (a resume keeps
-the rows), the summary's FLOPs and the bar's ``v_num``."""
+the rows), LightningCLI's of ``main(args)`` beside ``sys.argv``, the summary's FLOPs and the bar's ``v_num``."""
 
 import logging
 import sys
@@ -20,20 +20,19 @@ DROPPED_WARNINGS = [
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     (r"Experiment logs directory .* exists and is not empty\. Previous log files in this directory will be deleted",
      UserWarning),
+    (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
 ]
 
 
-class DropMessages(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(DROPPED_LOG_LINES)
+def shown(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(DROPPED_LOG_LINES)
 
 
 def quiet_console() -> None:
     """Install the filters above (once per process)."""
     names = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
     for logger in {*map(logging.getLogger, names), rank_zero_module.log}:
-        if not any(isinstance(f, DropMessages) for f in logger.filters):
-            logger.addFilter(DropMessages())
+        logger.addFilter(shown)  # a filter already there is not added again
     for message, category in DROPPED_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
 
@@ -53,15 +52,12 @@ class Summary(RichModelSummary):
             table.add_row(*row)
         get_console().print(table)
         count = get_human_readable_count
-        for label, value in (
-            ("Trainable params", count(int(trainable_parameters))),
-            ("Non-trainable params", count(int(total_parameters - trainable_parameters))),
-            ("Total params", count(int(total_parameters))),
-            ("Total estimated model params size (MB)", get_formatted_model_size(model_size)),
-            ("Modules in train mode", total_training_modes["train"]),
-            ("Modules in eval mode", total_training_modes["eval"]),
-        ):
-            get_console().print(f"[bold]{label}[/]: {value}")
+        get_console().print(f"[bold]Trainable params[/]: {count(int(trainable_parameters))}\n"
+                            f"[bold]Non-trainable params[/]: {count(int(total_parameters - trainable_parameters))}\n"
+                            f"[bold]Total params[/]: {count(int(total_parameters))}\n"
+                            f"[bold]Total estimated model params size (MB)[/]: {get_formatted_model_size(model_size)}\n"
+                            f"[bold]Modules in train mode[/]: {total_training_modes['train']}\n"
+                            f"[bold]Modules in eval mode[/]: {total_training_modes['eval']}")
 
 
 class QuietRichProgressBar(RichProgressBar):

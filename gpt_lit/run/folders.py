@@ -1,15 +1,17 @@
 """The run plan (what a command does with its checkpoint, decided once as the command line is parsed) and the run
 folders it uses: the newest run's ``last``/``best`` checkpoint, and where validate, test and predict write."""
 
+import copy
 import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from jsonargparse import Namespace
 
 from gpt_lit.errors import GptLitError
-from gpt_lit.run.reading import TRUST_OPTION, CheckpointContents, contents_of, read_checkpoint
+from gpt_lit.run.checkpoints import TRUST_OPTION, config_fields, read_checkpoint
 
 PROG = "python -m gpt_lit"
 LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}  # ckpt_path values that name no file
@@ -17,30 +19,34 @@ LIGHTNING_CKPT_NAMES = {"last", "best", "hpc", "registry"}  # ckpt_path values t
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    subcommand: str  # fit, validate, test, predict, export
     ckpt_path: str | None  # what Lightning restores: "last"/"best" resolved to a file
     weights_only: bool  # how Lightning's restore loads it
-    contents: CheckpointContents | None  # what the file holds (None: only Lightning reads it, e.g. a URL)
-    run: Path | None  # the run folder of <run>/checkpoints/X.ckpt
+    run: Path | None = None  # the run folder of <run>/checkpoints/X.ckpt
+    # What the file holds, without the tensors (which would keep the mapped file open); None: only Lightning reads it
+    shapes: dict[str, tuple[int, ...]] | None = None  # each state_dict tensor's shape
+    config: dict[str, Any] | None = None  # the GPTConfig fields in its hyperparameters ({} when it has none)
+    data_state: dict[str, Any] | None = None  # the training loader's state (epoch_order.TrainLoader), {} if none
+    epoch_end: bool = False  # saved in on_train_epoch_end: the fit loop's epoch processed, not yet completed
 
 
-def make_plan(subcommand: str, config: Namespace) -> RunPlan:
-    """The plan of ``subcommand`` from its parsed configuration; a missing or refused checkpoint fails here."""
+def make_plan(config: Namespace) -> RunPlan:
+    """The plan of a subcommand from its parsed configuration; a missing or refused checkpoint fails here."""
     trusted = bool(config.get("trust_checkpoint"))
     if config.get("weights_only") is False:  # Lightning's option stays parseable (config.yaml has it), not a switch
         raise GptLitError(f"--weights_only false: to load a checkpoint you trust as code, use {TRUST_OPTION}")
     path = config.get("ckpt_path")
     if path in ("last", "best"):
         path = latest_checkpoint(runs_folder(config.trainer), path, trusted, checkpoints_dirpath(config.trainer))
-    contents, weights_only = None, not trusted  # a file only Lightning reads: loaded as the user trusts it
-    if path and path not in LIGHTNING_CKPT_NAMES and "://" not in path:
-        ckpt, needed_trust = read_checkpoint(path, trusted)
-        contents, weights_only = contents_of(ckpt), not needed_trust
-        if subcommand == "fit" and contents.epoch_end and config.get("trainer.max_steps", -1) not in (None, -1):
-            raise GptLitError(f"--ckpt_path {path} was saved at an epoch's end, from which Lightning's restore under a "
-                              "max_steps runs that epoch's end twice: resume with --trainer.max_epochs, without "
-                              "--trainer.max_steps")  # fmt: skip
-    return RunPlan(subcommand, path, weights_only, contents, run_of(path))
+    if not path or path in LIGHTNING_CKPT_NAMES or "://" in path:
+        return RunPlan(path, not trusted)  # a file only Lightning reads: loaded as the user trusts it
+    ckpt, needed_trust = read_checkpoint(path, trusted)
+    fit_loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
+    loader_states = fit_loop.get("state_dict", {}).get("combined_loader") or [{}]  # as Lightning's fit loop saves
+    shapes = {k: tuple(getattr(v, "shape", ())) for k, v in ckpt["state_dict"].items()}
+    gpt_config = config_fields((ckpt.get("hyper_parameters") or {}).get("config"))
+    epochs = fit_loop.get("epoch_progress", {}).get("total", {})
+    epoch_end = epochs.get("processed", 0) == epochs.get("completed", 0) + 1
+    return RunPlan(path, not needed_trust, run_of(path), shapes, gpt_config, copy.deepcopy(loader_states[0]), epoch_end)
 
 
 def listed(value: object) -> list:
@@ -94,11 +100,11 @@ def next_version(folder: Path) -> int:
 
 
 def checkpoints_dirpath(trainer: Namespace) -> Path | None:
-    """The ``dirpath`` of the config's ModelCheckpoint (the one with a monitor first), where last.ckpt goes too."""
-    callbacks = [c for c in trainer.get("callbacks") or []
+    """The ``dirpath`` of the config's ModelCheckpoint (one with a monitor first), where last.ckpt goes; None: unset."""
+    callbacks = [c for c in listed(trainer.get("callbacks"))
                  if isinstance(c, Namespace) and "ModelCheckpoint" in str(c.get("class_path"))]  # fmt: skip
-    given = sorted((i for i in inits(callbacks) if i.get("dirpath")), key=lambda i: not i.get("monitor"))
-    return Path(given[0].dirpath) if given else None
+    ours = sorted(inits(callbacks), key=lambda i: not i.get("monitor"))  # as LastCheckpoint picks the live one
+    return Path(ours[0].dirpath) if ours and ours[0].get("dirpath") else None
 
 
 def nothing_to_read(which: str, what: str, give: str = " and the same config, or give") -> GptLitError:
@@ -151,7 +157,12 @@ def log_beside_run(config: Namespace, subcommand: str, ckpt_path: str | None, ru
     """validate or test on ``<run>/checkpoints/X.ckpt`` log to ``<run>/<subcommand>/X/``, so that no new
     ``version_N`` becomes the newest run; predict logs nothing, writing into ``<run>/predict/X/`` or the next run."""
     if subcommand == "predict":
-        folder = run / "predict" / Path(ckpt_path).stem if run and ckpt_path else next_run(config.trainer)
+        if run and ckpt_path:
+            folder = run / "predict" / Path(ckpt_path).stem
+        elif (folder := runs_folder(config.trainer)) is not None:  # the logger's next run: its version, else the next N
+            version = next((init.get("version") for init in inits(config.trainer.get("logger"))), None)
+            version = next_version(folder) if version is None else version
+            folder = folder / (version if isinstance(version, str) else f"version_{version}")
         config.trainer.logger = False
         if folder is not None:
             config.trainer.default_root_dir = str(folder)
@@ -169,16 +180,6 @@ def continue_run(config: Namespace, run: Path | None) -> None:
     for init in inits(logger):
         if "version" in init and init.get("version") is None:
             init.version = version_number(run) if version_number(run) >= 0 else run.name
-
-
-def next_run(trainer: Namespace) -> Path | None:
-    """The run folder the configured logger would create: its ``version`` if set, else the next ``version_N``."""
-    folder = runs_folder(trainer)
-    if folder is None:
-        return None
-    version = inits(trainer.get("logger"))[0].get("version") if inits(trainer.get("logger")) else None
-    version = next_version(folder) if version is None else version
-    return folder / (version if isinstance(version, str) else f"version_{version}")
 
 
 def one_folder_per_run(trainer: Namespace) -> list[Namespace]:

@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-from gpt_lit.run.saving import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
+from gpt_lit.run.checkpoints import AtomicCheckpointIO, BackgroundCheckpointIO, NoRoomError
 
 CTRL_C_MESSAGE = "finishing this step; Ctrl-C again to stop at once"
 
@@ -36,13 +36,17 @@ class LastCheckpoint(Checkpoint):
         self._taken: set[int] = set()  # the signals this fit's handler was given
         self._csv_rows: dict[int, list[dict[str, str]]] = {}  # a resumed run's CSV loggers' earlier rows
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:  # the CLI's fit only
         self.log_dir = trainer.log_dir  # a broadcast: read here for the resume command after a stop
         if trainer.is_global_zero and trainer.logger is not None:
             self.logger_version = trainer.logger.version
-        self.path = os.path.join(self._checkpoints_folder(trainer, pl_module), "last.ckpt")
+        # Beside the config's ModelCheckpoint (one with a monitor first), else where Lightning would put one
+        ours = sorted((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath),
+                      key=lambda cb: not cb.monitor)  # fmt: skip
+        if not ours:
+            ours = [ModelCheckpoint(save_top_k=0)]  # saves nothing; its setup resolves the folder
+            ours[0].setup(trainer, pl_module, "fit")
+        self.path = os.path.join(str(ours[0].dirpath), "last.ckpt")
         for callback in trainer.checkpoint_callbacks:  # set up before this one: their dirpath is known
             if isinstance(callback, ModelCheckpoint) and callback.save_last and (callback.dirpath is None or
                     os.path.realpath(callback.dirpath) == os.path.dirname(os.path.realpath(self.path))):  # fmt: skip
@@ -56,16 +60,6 @@ class LastCheckpoint(Checkpoint):
             if os.path.isfile(path):
                 with open(path, newline="") as f:
                     self._csv_rows[i] = list(csv.DictReader(f))
-
-    @staticmethod
-    def _checkpoints_folder(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
-        """The folder of the config's ModelCheckpoint (one with a monitor first), else the one Lightning gives one."""
-        ours = sorted((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath),
-                      key=lambda cb: not cb.monitor)  # fmt: skip
-        if not ours:
-            ours = [ModelCheckpoint(save_top_k=0)]  # saves nothing; its setup resolves the folder
-            ours[0].setup(trainer, pl_module, "fit")
-        return str(ours[0].dirpath)
 
     @property
     def saved_path(self) -> str | None:

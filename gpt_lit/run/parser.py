@@ -25,25 +25,20 @@ def shipped_configs() -> dict[str, Path]:
     return {path.stem: path for path in sorted(folder.glob("*.yaml"))}
 
 
-def find_config(value: str) -> str:
-    """``--config``'s value as a file: an existing path, else the shipped config of that name (``residual``,
-    ``residual.yaml``, ``configs/residual.yaml``); inline YAML is left to the parser."""
-    if Path(value).exists() or not re.fullmatch(r"(configs/)?[\w.-]+", value):
-        return value
-    name = Path(value).name.removesuffix(".yaml").removesuffix(".yml")
-    configs = shipped_configs()
-    if name in configs:
-        return str(configs[name])
-    raise GptLitError(f"--config {value}: no such file, and no shipped config of that name; the shipped configs are "
-                      f"{', '.join(configs)} (give one of these names, or a config file's path)")  # fmt: skip
-
-
 class ConfigFile(ActionConfigFile):
-    """jsonargparse's config file action that also takes a shipped config's name, refuses a link's target set in the
-    file (jsonargparse drops it silently), and tells the parser which file it reads, for the error line."""
+    """jsonargparse's config file action that also takes a shipped config's name (a path that exists wins; inline YAML
+    is the parser's), refuses a link's target set in the file (jsonargparse drops it silently), and tells the parser
+    which file it reads, for the error line."""
 
     def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
-        path = find_config(values)
+        path, configs = values, shipped_configs()
+        if not Path(values).exists() and re.fullmatch(r"(configs/)?[\w.-]+", values):  # residual, configs/residual.yaml
+            name = Path(values).name.removesuffix(".yaml").removesuffix(".yml")
+            if name not in configs:
+                raise GptLitError(f"--config {values}: no such file, and no shipped config of that name; the shipped "
+                                  f"configs are {', '.join(configs)} (give one of these names, or a config file's "
+                                  f"path)")  # fmt: skip
+            path = str(configs[name])
         parser.reading = path if Path(path).is_file() else None  # not YAML text, nor a file that is not there
         super().__call__(parser, cfg, path, option_string)
         for source, target in LINKS:
