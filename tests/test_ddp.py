@@ -76,9 +76,10 @@ class SigtermAt(Callback):
 
 # Runs the steps on this process and, once Lightning has started it, on process 1 (which runs this script again).
 SESSION = """
-import json, os, sys
+import gc, json, os, sys
 from pathlib import Path
 from gpt_lit.run.cli import main
+gc.freeze()  # as gpt_lit/__main__.py does after its imports
 
 def step_output(name):
     '''This process's stdout and stderr from here on (print()s and logging alike) into <name>.<rank>.out/.err.'''

@@ -106,9 +106,10 @@ def test_the_readme_says_how_to_get_the_code_without_a_placeholder_address():
 # lists) that runs it as `python -m gpt_lit <args>` would, its stdout and stderr into <i>.out and <i>.err of argv[2];
 # stops at the first that fails; the exit status of each into codes.json.
 FORKS = """
-import json, os, runpy, sys
+import gc, json, os, runpy, sys
 from pathlib import Path
 import gpt_lit.run.cli  # what `python -m gpt_lit` imports, before it runs anything
+gc.freeze()  # as gpt_lit/__main__.py does after its imports (and the forks share these pages)
 
 commands, logs = json.loads(sys.argv[1]), Path(sys.argv[2])
 codes = []
