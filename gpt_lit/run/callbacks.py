@@ -68,8 +68,7 @@ class FiniteLoss(Callback):
         losses = loss.detach().float().reshape(1)
         if trainer.world_size > 1:
             losses = trainer.strategy.all_gather(losses).reshape(-1)
-        bad = (~torch.isfinite(losses)).nonzero()
-        if len(bad) == 0:
+        if len(bad := (~torch.isfinite(losses)).nonzero()) == 0:
             return
         rank = int(bad[0])
         where = f", process {rank} of {trainer.world_size}" if trainer.world_size > 1 else ""

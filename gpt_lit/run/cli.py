@@ -153,8 +153,7 @@ class GPTLitCLI(LightningCLI):
         for folder in folders or [self.trainer.default_root_dir]:
             try:
                 os.makedirs(folder, exist_ok=True)
-                with tempfile.TemporaryFile(dir=folder):
-                    pass
+                tempfile.TemporaryFile(dir=folder).close()
             except OSError as e:
                 raise GptLitError(
                     f"cannot write to the log directory {folder} ({e.strerror or e}); choose another with "

@@ -90,8 +90,7 @@ def run_of(ckpt_path: str | None) -> Path | None:
 
 def version_number(run: Path) -> int:
     """N of a ``version_N`` folder (-1 for another name)."""
-    match = re.fullmatch(r"version_(\d+)", run.name)
-    return int(match[1]) if match else -1
+    return int(run.name.removeprefix("version_")) if re.fullmatch(r"version_\d+", run.name) else -1
 
 
 def next_version(folder: Path) -> int:

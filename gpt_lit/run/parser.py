@@ -106,6 +106,10 @@ class GPTLitParser(LightningArgumentParser):
         config.ckpt_path = found[1]  # "last"/"best" as found in the run
         return config
 
+    def dump(self, namespace: Namespace, *args: Any, **kwargs: Any) -> str:
+        """jsonargparse's, without validating again what ``parse_args`` did (LightningCLI dumps each config twice)."""
+        return super().dump(namespace, *args, **{**kwargs, "skip_validation": True})
+
     def add_method_arguments(self, *args: Any, **kwargs: Any) -> list[str]:
         """A subcommand's arguments; ``--ckpt_path`` tells the model a checkpoint gives every weight (linked)."""
         added = super().add_method_arguments(*args, **kwargs)
