@@ -122,8 +122,7 @@ QUIET_TRAINER = {
 def session_environment() -> None:
     """The tests read the book that ships with gpt_lit, as a reader's first run does: no other copy, no network.
     And Lightning's loggers propagate, so tests can read what a run says (caplog): imported before pytest's log
-    capture starts, Lightning makes them print instead. The objects made so far are frozen out of the garbage
-    collector's full passes, as in ``python -m gpt_lit``."""
+    capture starts, Lightning makes them print instead."""
     import gc
 
     from gpt_lit.book_source import DATA_DIR_ENV  # imports Lightning
