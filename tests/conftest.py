@@ -256,7 +256,7 @@ GROUPS = {
                                "test_diagnostics", "test_export", "test_inside_block", "test_inspect_page",
                                "test_packaging", "test_pretrained", "test_readme", "test_resume_windows",
                                "test_robustness", "test_run_settings", "test_safe_checkpoints",
-                               "test_tensorboard_docs", "test_when_and_whom"]},
+                               "test_tensorboard_docs", "test_when_and_whom", "test_workers"]},
     **({} if FULL else {"test_fault_matrix": "test_fault_matrix"}),
 }  # fmt: skip
 # The seconds of each group, and of each test of a file that is not a group: `--durations=0` under xdist, summed per
