@@ -248,8 +248,8 @@ FULL = os.environ.get("GPT_LIT_TESTS") == "full"
 # process on one worker, so it is made once: the chapter's experiments and untrained GPT-2 (the caches above), each
 # module's module-scoped runs, the fault matrix's default cases (under GPT_LIT_TESTS=full its cases go out one by
 # one, its uninterrupted run made once on each worker). The session's tiny run is made once on each worker: the
-# files that read it go out one by one. Every other test is a unit of its own. The units go out heaviest first, so
-# that the two workers end together.
+# files that read it go out one by one; test_workers.py checks that a group reaches one worker. Every other test is a
+# unit of its own. The units go out heaviest first, so that the two workers end together.
 GROUPS = {
     **dict.fromkeys(["test_chapter_experiments", "test_model", "test_scripts", "test_similarity_by_block"], "chapter"),
     **{name: name for name in ["test_answers", "test_bad_inputs", "test_cli", "test_data", "test_ddp",
