@@ -246,8 +246,8 @@ FULL = os.environ.get("GPT_LIT_TESTS") == "full"
 
 # pytest-xdist (addopts: two workers, --dist loadgroup) runs the tests that share a computation made once per
 # process on one worker, so it is made once: the chapter's experiments and untrained GPT-2 (the caches above), each
-# module's module-scoped runs, the fault matrix's default cases (under GPT_LIT_TESTS=full its cases go out one by
-# one, its uninterrupted run made once on each worker). The session's tiny run is made once on each worker: the
+# module's module-scoped runs. The fault matrix's cases (the `full` tier) go out one by one, its uninterrupted run
+# made once on each worker. The session's tiny run is made once on each worker: the
 # files that read it go out one by one; test_workers.py checks that a group reaches one worker. Every other test is a
 # unit of its own. The units go out heaviest first, so that the two workers end together.
 GROUPS = {
@@ -257,12 +257,11 @@ GROUPS = {
                                "test_packaging", "test_pretrained", "test_readme", "test_resume_windows",
                                "test_robustness", "test_run_settings", "test_safe_checkpoints",
                                "test_tensorboard_docs", "test_when_and_whom", "test_workers"]},
-    **({} if FULL else {"test_fault_matrix": "test_fault_matrix"}),
 }  # fmt: skip
 # The seconds of each group, and of each test of a file that is not a group: `--durations=0` under xdist, summed per
 # group, rounded (on a shared 2-core machine: what counts is their order). test_ddp's session runs on two processes;
 # test_packaging's (the `full` tier's) installs the wheel.
-SECONDS = {"test_packaging": 150, "test_ddp": 43, "test_fault_matrix": 35, "test_readme": 30, "test_pretrained": 23,
+SECONDS = {"test_packaging": 150, "test_ddp": 43, "test_readme": 30, "test_pretrained": 23,
            "test_resume_windows": 18, "chapter": 16, "test_bad_inputs": 13, "test_answers": 12, "test_inside_block": 12,
            "test_when_and_whom": 11, "test_robustness": 11, "test_safe_checkpoints": 11, "test_export": 8,
            "test_tensorboard_docs": 7, "test_cli": 6, "test_inspect_page": 6, "test_run_settings": 4,

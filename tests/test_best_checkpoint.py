@@ -19,7 +19,11 @@ RUN = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("interval", ["0.5", "3"], ids=["half an epoch", "every 3 batches"])
+@pytest.mark.parametrize(
+    "interval",
+    ["0.5", pytest.param("3", marks=pytest.mark.full)],  # full: another interval
+    ids=["half an epoch", "every 3 batches"],
+)
 def test_best_holds_the_weights_its_validation_loss_was_measured_on(tmp_path, capsys, monkeypatch, interval):
     monkeypatch.chdir(tmp_path)
     args = [*RUN, "--trainer.val_check_interval", interval]

@@ -30,6 +30,8 @@ from test_resume_windows import Uninterrupted, epoch_order, uninterrupted_run
 
 from gpt_lit.run.cli import main
 
+pytestmark = pytest.mark.full  # processes of their own (docs/testing.md: two tiers)
+
 RUN = [
     "--config", residual_without_throughput(),
     "--model.config.emb_dim", "32", "--model.config.n_layers", "2", "--model.config.n_heads", "2",
@@ -361,15 +363,6 @@ def test_a_batch_no_process_can_fill_is_one_line(ddp):
     )
 
 
-def test_fsdp_on_cpu_is_refused_with_one_line(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["fit", *RUN, "--trainer.strategy", "fsdp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "Traceback" not in err
-    [line] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert "fsdp" in line.lower() and "gpu" in line.lower(), line
-
-
 # -- docs/several_processes.md's two-machine command, as two nodes on this machine ---------------------------------
 
 NODE = """
@@ -398,7 +391,6 @@ if torch.distributed.is_initialized():
 NODES_RUN = [*RUN, "--model.config.dropout", "0", "--trainer.max_epochs", "1", "--data.eval_train", "false"]
 
 
-@pytest.mark.full  # two more processes; two processes on one node are the session's
 def test_two_nodes_of_one_process_each_give_one_processs_losses_instruments_and_checkpoint(tmp_path_factory):
     import socket
 

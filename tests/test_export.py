@@ -173,6 +173,7 @@ def readme_export_block() -> list[str]:
     return section.split("\n## ", 1)[0].split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
 
 
+@pytest.mark.full  # the one-liner in a process of its own (docs/testing.md: two tiers)
 def test_the_readmes_export_one_liner_prints_predicts_continuation(tiny_run, capsys, monkeypatch):
     """The README's two lines as written, in the tiny run's folder (context 32, shorter than predict's default 50
     new tokens and a prompt): the one-liner runs offline and prints predict's greedy continuation of its prompt, as

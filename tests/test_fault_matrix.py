@@ -3,8 +3,8 @@
 The matrix: stops {Ctrl-C, Ctrl-C twice, SIGTERM, kill -9 during a save, a full disk} x moments {mid-step, during
 validation, in the end-of-epoch hooks, during the sanity check, after the last epoch} x checkpoint configs
 {the shipped ModelCheckpoint, none, ModelCheckpoint with mode max, a step interval that divides the epoch
-(with save_last), AsyncCheckpointIO}. Every pair of values is in at least one case (a Latin square: 25 cases;
-4 of them by default, all with ``GPT_LIT_TESTS=full``).
+(with save_last), AsyncCheckpointIO}. Every pair of values is in at least one case (a Latin square: 25 cases,
+all in the ``full`` tier: ``GPT_LIT_TESTS=full``, as CI runs it).
 Each case runs the tiny model (3 epochs of 2 steps, 3 validation batches, 1 sanity batch) in this process
 (kill -9 in a forked child process), stops it, resumes it from ``last.ckpt`` as the stop's message says, and compares
 every TensorBoard tag (scalars, images, text) and the final weights with ONE uninterrupted run.
@@ -30,6 +30,8 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import EventA
 from tensorboard.util import tensor_util
 
 from gpt_lit.run.cli import main
+
+pytestmark = pytest.mark.full  # the matrix's cases (docs/testing.md: two tiers)
 
 RUN = [
     *TINY, "--data.eval_batch_size", "8", "--data.eval_train", "false", "--trainer.max_epochs", "3",
@@ -90,18 +92,7 @@ MOMENTS = ["mid_step", "validation", "epoch_end", "sanity_check", "after_last_ep
 CONFIGS = ["shipped", "none", "mode_max", "step_interval", "async"]
 # Latin square: case (i, j) is stop i at moment j with config (i + j) mod 5, so every pair of values meets once.
 CASES = [(s, m, CONFIGS[(i + j) % 5]) for i, s in enumerate(STOPS) for j, m in enumerate(MOMENTS)]
-# By default four of its cases run, one per stop but Ctrl-C (test_resume.py's path; Ctrl-C during a validation:
-# test_settings_matrix.py): the cases that caught Lightning's SIGTERM handler stopping an evaluation, TensorBoard
-# showing a redone step twice, a kill -9 mid-save, and a full disk under AsyncCheckpointIO. All 25 are in the
-# ``full`` tier (GPT_LIT_TESTS=full, tests/conftest.py).
-QUICK = {
-    ("sigterm", "validation", "step_interval"),
-    ("ctrl_c_twice", "epoch_end", "step_interval"),
-    ("kill9", "mid_step", "step_interval"),
-    ("full_disk", "mid_step", "async"),
-}
-assert QUICK <= set(CASES)
-CASES = [pytest.param(*case, id="-".join(case), marks=[] if case in QUICK else [pytest.mark.full]) for case in CASES]
+CASES = [pytest.param(*case, id="-".join(case)) for case in CASES]
 # last.ckpt's global step after one Ctrl-C or SIGTERM at each moment: after the step under way (epoch 1's first,
 # step 2); after epoch 0's evaluation and end (2 steps); after the first step following the sanity check.
 STOPPED_AT = {"mid_step": 3, "validation": 2, "epoch_end": 2, "sanity_check": 1}

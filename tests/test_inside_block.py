@@ -62,7 +62,8 @@ def test_the_sentences_weights_are_those_of_the_sentence_alone(residual):
         assert torch.allclose(got[0, :, :5, :5], want[0], atol=1e-6)
 
 
-@pytest.mark.parametrize("n_heads, n_tokens", [(2, 6), (4, 24)])  # a figure as wide as its texts, a wider one
+# a figure as wide as its texts; a wider one, the shipped configs' (the `full` tier: the same drawing, larger)
+@pytest.mark.parametrize("n_heads, n_tokens", [(2, 6), pytest.param(4, 24, marks=pytest.mark.full)])
 def test_the_attention_image_redrawn_each_epoch_equals_a_full_draw(n_heads, n_tokens):
     """Every image after the first draws only the weights and the two texts on the saved rest (blitting): the pixels
     must be a full draw's. Also past the widest texts the figure makes room for (block 100, epoch 1,000 at step

@@ -139,6 +139,7 @@ def chromium() -> str:
     return path
 
 
+@pytest.mark.full  # Chromium, a process of its own (docs/testing.md: two tiers)
 def test_a_browser_shows_the_page_whole_with_the_network_off(tmp_path):
     """The chapter's shape (4 blocks of 4 heads) on a sentence, rendered by headless Chromium with every host
     unreachable: what its script built (the DOM after it ran) and what its console said."""

@@ -105,6 +105,7 @@ def gpt2_124m(tmp_path_factory) -> tuple[GPT2LMHeadModel, Path]:
     return hf, save(hf, tmp_path_factory.mktemp("gpt2_124m"), "hub")
 
 
+@pytest.mark.full  # the small layouts' loading, at GPT-2's size (docs/testing.md: two tiers)
 def test_gpt2_124m_config_loads_the_124m_weights(gpt2_124m, tmp_path, monkeypatch):
     hf, folder = gpt2_124m
     monkeypatch.chdir(tmp_path)

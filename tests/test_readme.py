@@ -159,6 +159,7 @@ def result(ran, start: str) -> subprocess.CompletedProcess:
     return ran[1][text]
 
 
+@pytest.mark.full  # a process of its own for each command (docs/testing.md: two tiers)
 def test_the_readme_commands_run_in_order_and_succeed(ran):
     texts = [t for t, _ in readme_commands() if t not in NOT_RUN and t.startswith("python -m gpt_lit ")]
     assert list(ran[1]) == texts[: len(ran[1])] and len(texts) >= 4  # fit, test, predict, the resume
@@ -169,12 +170,14 @@ def test_the_readme_commands_run_in_order_and_succeed(ran):
     assert list(ran[1]) == texts
 
 
+@pytest.mark.full
 def test_fit_writes_its_config_events_and_checkpoints_into_the_run_folder(ran):
     run = ran[0] / "lightning_logs" / "residual" / "version_0"
     assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best-epoch00.ckpt", "last.ckpt"]
 
 
+@pytest.mark.full
 def test_test_prints_the_loss_and_perplexity_and_logs_them_beside_the_run(ran):
     out = result(ran, "python -m gpt_lit test ").stdout
     loss, perplexity = (float(re.search(rf"{tag}\s*│\s*([\d.]+)", out)[1]) for tag in ("test/loss", "test/perplexity"))
@@ -182,6 +185,7 @@ def test_test_prints_the_loss_and_perplexity_and_logs_them_beside_the_run(ran):
     assert list((ran[0] / "lightning_logs/residual/version_0/test/last").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.full
 def test_predict_prints_each_prompts_continuation_and_writes_them_beside_the_run(ran):
     out = result(ran, "python -m gpt_lit predict --ckpt_path last ").stdout
     predict = ran[0] / "lightning_logs/residual/version_0/predict/last"
@@ -191,6 +195,7 @@ def test_predict_prints_each_prompts_continuation_and_writes_them_beside_the_run
     assert not list(predict.rglob("events.out.tfevents.*"))  # nothing for TensorBoard
 
 
+@pytest.mark.full
 def test_predict_with_inspect_writes_a_page_of_each_prompt_beside_the_run(ran):
     out = result(ran, "python -m gpt_lit predict --ckpt_path best ").stdout
     page = Path("lightning_logs/residual/version_0/predict/best-epoch00/inspect_1.html")
@@ -200,6 +205,7 @@ def test_predict_with_inspect_writes_a_page_of_each_prompt_beside_the_run(ran):
     assert figures == ["attention.png", "lens.png", "loss.png", "stream.png"]
 
 
+@pytest.mark.full
 def test_the_resume_command_goes_on_in_the_same_run_folder(ran):
     result(ran, "python -m gpt_lit fit --config lightning_logs/residual/version_0/config.yaml ")
     assert [p.name for p in (ran[0] / "lightning_logs" / "residual").iterdir()] == ["version_0"]

@@ -2,7 +2,7 @@
 
 The cases run `python -m gpt_lit` in this process (``main(args)``, the very function the command runs), so
 that a dozen of them take seconds; an exception escaping ``main`` would fail the test as it would print a
-traceback in a terminal. test_resume.py and test_ddp.py run the command in subprocesses.
+traceback in a terminal. test_readme.py and test_ddp.py run the command in processes of their own.
 """
 
 import math
@@ -158,6 +158,11 @@ def test_accelerator_the_machine_lacks(capsys, accelerator):
         f"machine, which has: {', '.join(has)}; use --trainer.accelerator {' or '.join(has)}, or auto for the best "
         "of them"
     )
+
+
+def test_fsdp_on_cpu_is_refused_with_one_line(capsys):
+    line = error_line(capsys, "fit", *RUN, "--trainer.strategy", "fsdp", "--trainer.devices", "2")
+    assert "fsdp" in line.lower() and "gpu" in line.lower(), line
 
 
 @pytest.mark.parametrize("typo", [["--model.config.n_layer", "1"], ["--trainer.max_epoch=1"]], ids=["n_layer", "="])

@@ -56,7 +56,8 @@ def test_with_a_list_of_loggers_validate_test_and_predict_write_beside_the_run(t
     assert (run / "predict" / "last" / "continuations.txt").is_file()
 
 
-@pytest.mark.parametrize("where", ["~", "file://", "dirpath ~"])
+# `~` by default; a file:// URL and a ModelCheckpoint's own `~` folder go through the same rule: the `full` tier
+@pytest.mark.parametrize("where", ["~", *(pytest.param(w, marks=pytest.mark.full) for w in ["file://", "dirpath ~"])])
 def test_a_home_or_file_url_folder_holds_the_whole_run_and_ckpt_path_last_finds_it(where, tmp_path, capsys,
                                                                                     monkeypatch):
     """``~/runs`` or ``file://<folder>/runs`` as the logger's save_dir (or ``~/ckpts`` as the ModelCheckpoint's
