@@ -92,7 +92,6 @@ MOMENTS = ["mid_step", "validation", "epoch_end", "sanity_check", "after_last_ep
 CONFIGS = ["shipped", "none", "mode_max", "step_interval", "async"]
 # Latin square: case (i, j) is stop i at moment j with config (i + j) mod 5, so every pair of values meets once.
 CASES = [(s, m, CONFIGS[(i + j) % 5]) for i, s in enumerate(STOPS) for j, m in enumerate(MOMENTS)]
-CASES = [pytest.param(*case, id="-".join(case)) for case in CASES]
 # last.ckpt's global step after one Ctrl-C or SIGTERM at each moment: after the step under way (epoch 1's first,
 # step 2); after epoch 0's evaluation and end (2 steps); after the first step following the sanity check.
 STOPPED_AT = {"mid_step": 3, "validation": 2, "epoch_end": 2, "sanity_check": 1}
